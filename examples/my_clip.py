@@ -1,0 +1,23 @@
+# examples/my_clip.py -- run with: torchrun --nproc_per_node=4 -m harness --target examples/my_clip.py:clip
+import torch, torch.distributed as dist
+import harness
+from harness.layout import Shard
+
+def clip(model, *, max_norm, norm_type=2.0):
+    ctx = harness.context(model)
+    local = torch.zeros((), dtype=torch.float64)
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        placements = ctx.declared[name]                      # the plan's belief, per mesh dim
+        replicas = 1
+        for dim in ctx.mesh_spec.names:                      # replicated dims hold copies: count once
+            if not isinstance(placements.get(dim), Shard):
+                replicas *= ctx.group_size(dim)
+        local += p.grad.double().pow(norm_type).sum() / replicas
+    dist.all_reduce(local)
+    total = float(local) ** (1 / norm_type)
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.mul_(min(1.0, max_norm / (total + 1e-6)))
+    return total

@@ -1,0 +1,88 @@
+"""Norm arithmetic shared by the oracle, the reference clip and the framework-style targets.
+
+One definition of "the p-th power sum of a gradient", "combine two partial sums" and "apply a clip
+coefficient" keeps every consumer honest: the oracle and the reference cannot drift apart, and the
+framework-style emulations differ from the reference only in the mistake they model.
+
+All accumulation is float64 so that the harness's own arithmetic never limits what it can detect.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+EPS = 1e-6
+"""The epsilon torch.nn.utils.clip_grad_norm_ adds to the norm before dividing."""
+
+
+def is_inf_norm(norm_type: float) -> bool:
+    return math.isinf(norm_type)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local storage of a plain tensor or a DTensor (a view, writes go through)."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def pow_sum(t: torch.Tensor, norm_type: float) -> float:
+    """sum |t|^p in float64, or max |t| for the inf norm; 0 for an empty tensor."""
+    x = local_tensor(t).detach().to(torch.float64)
+    if x.numel() == 0:
+        return 0.0
+    if is_inf_norm(norm_type):
+        return float(x.abs().max())
+    return float(x.abs().pow(norm_type).sum())
+
+
+def combine(a: float, b: float, norm_type: float) -> float:
+    """Merge two partial pow sums (sum) or two partial maxima (max), keeping NaN visible."""
+    if is_inf_norm(norm_type):
+        if math.isnan(a) or math.isnan(b):
+            return math.nan
+        return max(a, b)
+    return a + b
+
+
+def root(total: float, norm_type: float) -> float:
+    """Turn a global pow sum into a norm; the inf norm is already a norm."""
+    if is_inf_norm(norm_type):
+        return total
+    return total ** (1.0 / norm_type) if total >= 0 or math.isnan(total) else math.nan
+
+
+def reduce_op(norm_type: float) -> dist.ReduceOp:
+    """The collective that merges partial results for this norm."""
+    return dist.ReduceOp.MAX if is_inf_norm(norm_type) else dist.ReduceOp.SUM
+
+
+def collective_device() -> torch.device:
+    """Where a tensor must live to go through the default group's backend."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def clip_coefficient(max_norm: float, total_norm: float) -> float:
+    """min(1, max_norm / (total + eps)), as torch computes it; NaN when the norm is not finite."""
+    if not math.isfinite(total_norm):
+        return math.nan
+    return min(1.0, max_norm / (total_norm + EPS))
+
+
+def trainable_with_grads(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+
+
+def scale_grads_(params: Iterable[nn.Parameter], coefficient: float) -> None:
+    """Multiply every gradient in place by a finite coefficient below 1 (a no-op otherwise)."""
+    if not math.isfinite(coefficient) or coefficient >= 1.0:
+        return
+    for p in params:
+        if p.grad is not None:
+            local_tensor(p.grad).mul_(coefficient)

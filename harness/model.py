@@ -1,0 +1,88 @@
+"""Materialize a layout on one rank: a synthetic nn.Module with parameters at their local shapes.
+
+Parameters are created directly at EP-local (and FSDP-local) shapes, as frameworks do when weights
+are loaded pre-sliced, so a clip function sees exactly what it would see in training. Names are the
+layout's dotted names, so ``model.named_parameters()`` and the layout agree.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import Replicate as TorchReplicate
+from torch.distributed.tensor import Shard as TorchShard
+
+from .clipmath import local_tensor
+from .injection import Injection, local_grad
+from .layout import Layout, MeshSpec, Placement, Shard
+
+
+def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:
+    """Our placements, in mesh-dim order, as torch DTensor placements."""
+    out = []
+    for dim in mesh.names:
+        p = placements.get(dim)
+        out.append(TorchShard(p.dim) if isinstance(p, Shard) else TorchReplicate())
+    return tuple(out)
+
+
+def _install(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
+    *path, leaf = dotted.split(".")
+    module = root
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            module.add_module(part, child)
+        module = child
+    module.register_parameter(leaf, parameter)
+
+
+def build_model(
+    layout: Layout,
+    injection: Injection,
+    rank: int,
+    device: torch.device,
+    *,
+    mesh: DeviceMesh | None = None,
+    dtensor_placements: Mapping[str, Mapping[str, Placement]] | None = None,
+) -> nn.Module:
+    """The rank-local model. With ``dtensor_placements``, parameters are DTensors on ``mesh`` with
+    those (declared) placements; otherwise plain tensors. Absent parameters are simply not there."""
+    root = nn.Module()
+    for spec in layout:
+        box = layout.local_box(spec, rank)
+        if box is None:
+            continue
+        data = torch.zeros(tuple(b - a for a, b in box), dtype=injection.torch_dtype, device=device)
+        if dtensor_placements is not None:
+            assert mesh is not None
+            placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)
+            data = DTensor.from_local(data, mesh, placements, run_check=False)
+        _install(root, spec.name, nn.Parameter(data, requires_grad=spec.trainable))
+    return root
+
+
+def inject_grads(model: nn.Module, layout: Layout, injection: Injection, rank: int) -> None:
+    """Give every parameter this rank's gradient (or None), wrapped like the parameter itself."""
+    for name, p in model.named_parameters():
+        grad = local_grad(layout, injection, layout.param(name), rank)
+        if grad is not None:
+            grad = grad.to(local_tensor(p).device)
+            if isinstance(p, DTensor):
+                grad = DTensor.from_local(grad, p.device_mesh, p.placements, run_check=False)
+        p.grad = grad
+
+
+def local_grads(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor | None]:
+    """Rank-local gradient tensors by name; None where absent or without a gradient."""
+    params = dict(model.named_parameters())
+    out: dict[str, torch.Tensor | None] = {}
+    for name in names:
+        p = params.get(name)
+        out[name] = None if p is None or p.grad is None else local_tensor(p.grad)
+    return out

@@ -1,0 +1,260 @@
+"""Ground truth, two independent ways.
+
+*Measured*: for every parameter and every mesh dim, a MAX and a MIN all-reduce of the gradient's raw
+bits (viewed as integers) over that dim's groups. A spread of 0 in every group means the gradient is
+replicated along the dim and must be counted once there. Nothing declared is trusted: only the bits.
+All parameters share one bucket per dim, so a case costs two collectives per mesh dim (plus one to
+gather per-rank statistics and one to merge the per-group verdicts), not two per parameter.
+Integer views matter: float MAX/MIN merge +0/-0 and drop NaN depending on rank order.
+
+*Constructive*: the float64 norm of the logical gradients, from the value generator alone, with no
+communication at all.
+
+The two must agree. When they do not, the harness itself (or its injection) is wrong, and the case is
+reported as a harness error rather than blamed on the function under test.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .clipmath import combine, is_inf_norm, pow_sum, root
+from .injection import Injection, logical_grad
+from .layout import Layout, MeshSpec, Replicate
+
+_MISSING_MAX = torch.iinfo(torch.int32).min
+_MISSING_MIN = torch.iinfo(torch.int32).max
+_HEADER = 2  # numel, itemsize: a shape mismatch shows up as a spread too
+CROSS_CHECK_RTOL = 1e-9
+
+
+@dataclass
+class StatsTable:
+    """Per-rank, per-parameter statistics, identical on every rank after one all-reduce.
+
+    ``numel`` is -1 where a rank has no gradient for the parameter (absent or ``None``).
+    ``pow_sum`` is sum |g|^p (max |g| for the inf norm) of the rank's local gradient.
+    """
+
+    names: list[str]
+    numel: list[list[int]]
+    itemsize: list[list[int]]
+    pow_sum: list[list[float]]
+    nonfinite: list[list[bool]]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.numel)
+
+    def present(self, rank: int, j: int) -> bool:
+        return self.numel[rank][j] >= 0
+
+    def local_norms(self, norm_type: float) -> list[float]:
+        """Each rank's norm of everything it holds, with no cross-rank reduction."""
+        out = []
+        for r in range(self.world_size):
+            total = 0.0
+            for j in range(len(self.names)):
+                if self.present(r, j):
+                    total = combine(total, self.pow_sum[r][j], norm_type)
+            out.append(root(total, norm_type))
+        return out
+
+
+@dataclass
+class Replication:
+    """Measured replication: ``distinct[dim][name]`` is True when some group of ``dim`` saw a spread."""
+
+    distinct: dict[str, dict[str, bool]]
+
+    def replicated_dims(self, name: str, mesh: MeshSpec) -> frozenset[str]:
+        return frozenset(d for d in mesh.names if not self.distinct.get(d, {}).get(name, False))
+
+    def describe(self, name: str, mesh: MeshSpec) -> str:
+        parts = []
+        rep = [d for d in mesh.names if mesh.size(d) > 1 and not self.distinct[d][name]]
+        dis = [d for d in mesh.names if mesh.size(d) > 1 and self.distinct[d][name]]
+        if rep:
+            parts.append("replicated on " + ", ".join(rep))
+        if dis:
+            parts.append("distinct on " + ", ".join(dis))
+        return "; ".join(parts) or "single rank"
+
+
+def bit_words(t: torch.Tensor) -> torch.Tensor:
+    """Raw bits of ``t`` as int32 words (gloo cannot reduce int16, so 2-byte types are widened)."""
+    flat = t.detach().contiguous().view(-1)
+    size = flat.element_size()
+    if size in (4, 8):
+        return flat.view(torch.int32)
+    if size == 2:
+        return flat.view(torch.int16).to(torch.int32)
+    return flat.view(torch.uint8).to(torch.int32)
+
+
+def _word_count(numel: int, itemsize: int) -> int:
+    return numel * 2 if itemsize == 8 else numel
+
+
+def gather_stats(
+    names: Sequence[str],
+    grads: Mapping[str, torch.Tensor | None],
+    norm_type: float,
+    rank: int,
+    world_size: int,
+    group: dist.ProcessGroup,
+    device: torch.device,
+) -> StatsTable:
+    """One SUM all-reduce of a [world, params, 4] float64 table where each rank fills its row."""
+    table = torch.zeros(world_size, len(names), 4, dtype=torch.float64, device=device)
+    for j, name in enumerate(names):
+        g = grads.get(name)
+        if g is None:
+            table[rank, j, 0] = -1
+            continue
+        table[rank, j, 0] = g.numel()
+        table[rank, j, 1] = g.element_size()
+        table[rank, j, 2] = pow_sum(g, norm_type)
+        table[rank, j, 3] = float(not bool(torch.isfinite(g).all()))
+    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
+    t = table.cpu()
+    return StatsTable(
+        names=list(names),
+        numel=t[:, :, 0].long().tolist(),
+        itemsize=t[:, :, 1].long().tolist(),
+        pow_sum=t[:, :, 2].tolist(),
+        nonfinite=t[:, :, 3].bool().tolist(),
+    )
+
+
+def measure_replication(
+    names: Sequence[str],
+    grads: Mapping[str, torch.Tensor | None],
+    stats: StatsTable,
+    mesh: MeshSpec,
+    dim_groups: Mapping[str, dist.ProcessGroup],
+    world_group: dist.ProcessGroup,
+    device: torch.device,
+) -> Replication:
+    """MAX-MIN of raw bits per mesh dim, bucketed; then one MAX over the world to merge groups."""
+    if not names:
+        return Replication({dim: {} for dim in mesh.names})
+    lengths = []
+    for j in range(len(names)):
+        words = [
+            _word_count(stats.numel[r][j], stats.itemsize[r][j])
+            for r in range(stats.world_size)
+            if stats.present(r, j)
+        ]
+        lengths.append(_HEADER + max(words, default=0))
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    segment = torch.repeat_interleave(
+        torch.arange(len(names), device=device), torch.tensor(lengths, device=device)
+    )
+
+    high = torch.full((offsets[-1],), _MISSING_MAX, dtype=torch.int32, device=device)
+    low = torch.full((offsets[-1],), _MISSING_MIN, dtype=torch.int32, device=device)
+    for j, name in enumerate(names):
+        g = grads.get(name)
+        if g is None:
+            continue
+        words = torch.cat(
+            [
+                torch.tensor([g.numel(), g.element_size()], dtype=torch.int32, device=device),
+                bit_words(g).to(device),
+            ]
+        )
+        high[offsets[j] : offsets[j] + words.numel()] = words
+        low[offsets[j] : offsets[j] + words.numel()] = words
+
+    flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32, device=device)
+    for axis, dim in enumerate(mesh.names):
+        if mesh.size(dim) == 1 or not names:
+            continue
+        hi, lo = high.clone(), low.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=dim_groups[dim])
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=dim_groups[dim])
+        spread = (hi != lo).to(torch.int32)
+        # a segment nobody in the group holds stays at the sentinels: that is "absent", not a spread
+        nobody = hi[torch.tensor(offsets[:-1], device=device)] == _MISSING_MAX
+        per_param = torch.zeros(len(names), dtype=torch.int32, device=device)
+        per_param.index_add_(0, segment, spread)
+        flags[axis] = ((per_param > 0) & ~nobody).to(torch.int32)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=world_group)
+    flags = flags.cpu()
+    return Replication(
+        {dim: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, dim in enumerate(mesh.names)}
+    )
+
+
+def weighted_norm(
+    stats: StatsTable,
+    mesh: MeshSpec,
+    replicated_dims: Mapping[str, frozenset[str]],
+    norm_type: float,
+) -> float:
+    """The global norm when each rank's slice of a parameter counts 1/k, k = its replica count.
+
+    The replica group of rank r for a parameter is every rank that holds a gradient for it and shares
+    r's coordinates on all dims the parameter is *not* replicated on. Used with measured replication
+    it is the measured truth; with declared placements it is what a plan-trusting clip would report.
+    """
+    coords = [mesh.coordinate(r) for r in range(stats.world_size)]
+    total = 0.0
+    for j, name in enumerate(stats.names):
+        keep = [a for a, d in enumerate(mesh.names) if d not in replicated_dims[name]]
+        for r in range(stats.world_size):
+            if not stats.present(r, j):
+                continue
+            key = tuple(coords[r][a] for a in keep)
+            count = sum(
+                1
+                for q in range(stats.world_size)
+                if stats.present(q, j) and tuple(coords[q][a] for a in keep) == key
+            )
+            value = stats.pow_sum[r][j]
+            total = combine(total, value if is_inf_norm(norm_type) else value / count, norm_type)
+    return root(total, norm_type)
+
+
+def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:
+    dims = {name: replication.replicated_dims(name, mesh) for name in stats.names}
+    return weighted_norm(stats, mesh, dims, norm_type)
+
+
+def declared_norm(
+    stats: StatsTable,
+    mesh: MeshSpec,
+    declared: Mapping[str, Mapping[str, object]],
+    norm_type: float,
+) -> float:
+    """The norm a clip would get by trusting the declared plan's Replicate placements."""
+    dims = {
+        name: frozenset(d for d in mesh.names if isinstance(declared.get(name, {}).get(d, Replicate()), Replicate))
+        for name in stats.names
+    }
+    return weighted_norm(stats, mesh, dims, norm_type)
+
+
+def constructive_norm(layout: Layout, injection: Injection, norm_type: float) -> float:
+    """float64 norm of the logical gradients, from the generator alone: no communication."""
+    total = 0.0
+    for spec in layout.trainable:
+        total = combine(total, pow_sum(logical_grad(layout, injection, spec), norm_type), norm_type)
+    return root(total, norm_type)
+
+
+def norms_agree(a: float, b: float, rtol: float) -> bool:
+    """Equal within ``rtol``; two non-finite values agree when both are NaN or both the same inf."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-300)

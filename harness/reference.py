@@ -1,0 +1,48 @@
+"""The reference clip: correct by construction for any layout the harness can describe.
+
+Each rank adds sum |g|^p of its local gradients, each weighted by 1/(number of ranks holding the same
+slice), then one SUM all-reduce over the world and a single root (a MAX all-reduce, no weights, for
+the inf norm). Weighting instead of rank filtering means every rank takes the same code path and
+the same single collective, whatever it holds: a rank with no experts, or an expert whose gradient
+is None, adds zero and still joins the reduction.
+
+It reads the true layout through ``harness.context(model)``; it is the control target that every
+other target is compared with, and the harness's own checks are shown to pass on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .clipmath import (
+    clip_coefficient,
+    combine,
+    is_inf_norm,
+    pow_sum,
+    reduce_op,
+    root,
+    scale_grads_,
+    trainable_with_grads,
+)
+from .context import context
+
+
+def clip_grad_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    ctx = context(model)
+    params = trainable_with_grads(model)
+    local = 0.0
+    for name, p in params:
+        part = pow_sum(p.grad, norm_type)
+        if not is_inf_norm(norm_type):
+            part /= ctx.true_replica_count(name)
+        local = combine(local, part, norm_type)
+    # the NaN flag rides along because gloo's float MAX can drop a NaN depending on rank order
+    total = torch.tensor([local, float(math.isnan(local))], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total, op=reduce_op(norm_type))
+    norm = math.nan if total[1] > 0 else root(float(total[0]), norm_type)
+    scale_grads_((p for _, p in params), clip_coefficient(max_norm, norm))
+    return torch.tensor(norm, dtype=torch.float64)

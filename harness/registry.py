@@ -1,0 +1,41 @@
+"""Name -> scenario and name -> target lookups, built-ins and scenario-provided together."""
+
+from __future__ import annotations
+
+from .loading import LoadError, is_reference, load_object
+from .scenario import Scenario
+from .targets import BUILTIN_TARGETS, Target, resolve_target
+
+
+def builtin_scenarios() -> dict[str, Scenario]:
+    from scenarios import SCENARIOS  # the top-level package of scenario modules
+
+    return {cls.name: cls() for cls in SCENARIOS}
+
+
+def resolve_scenario(name: str) -> Scenario:
+    known = builtin_scenarios()
+    if name in known:
+        return known[name]
+    if is_reference(name):
+        obj = load_object(name)
+        scenario = obj() if isinstance(obj, type) else obj
+        if not isinstance(scenario, Scenario):
+            raise LoadError(f"{name!r} is not a harness.scenario.Scenario")
+        return scenario
+    raise LoadError(
+        f"unknown scenario {name!r}: not one of {', '.join(sorted(known))}, and not of the form "
+        "module:Class or path/to/file.py:Class"
+    )
+
+
+def registered_targets(scenarios: list[Scenario] | None = None) -> dict[str, Target]:
+    """Built-in targets plus every scenario's own (from all built-in scenarios and those given)."""
+    found = dict(BUILTIN_TARGETS)
+    for scenario in list(builtin_scenarios().values()) + list(scenarios or []):
+        found.update(scenario.targets)
+    return found
+
+
+def target(name: str, scenarios: list[Scenario] | None = None) -> Target:
+    return resolve_target(name, registered_targets(scenarios))

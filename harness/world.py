@@ -1,0 +1,185 @@
+"""Process groups for one job, and a control plane that survives a broken group.
+
+Why it is built this way:
+
+* The function under test owns the default group and the DeviceMesh it is given; the harness does
+  all of its own collectives on *private* groups. A target that leaves a collective unmatched can
+  then never pair its stray op with one of the harness's.
+* Whether a case went wrong is agreed through the rendezvous store, not a process group, so ranks
+  can agree even when the groups are broken.
+* A rank whose target raised abandons every group at once (see ``release``). Peers blocked in a
+  collective with it get "connection closed" immediately instead of waiting for a timeout, and the
+  failure cascades through ranks that were waiting on *them*. Every group has a timeout, so
+  mismatched collectives (no exception anywhere) end too.
+* After any such failure every rank builds a fresh *generation* of groups on a new store prefix and
+  the run goes on with the next case.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from .layout import MeshSpec
+from .release import release_peers
+
+
+class DeadRankError(RuntimeError):
+    """A rank stopped answering: the run cannot continue and must fail with this message."""
+
+
+@dataclass
+class MeshGroups:
+    """The target's DeviceMesh for one MeshSpec, and the harness's private twin groups."""
+
+    spec: MeshSpec
+    device_mesh: DeviceMesh
+    target_groups: dict[str, dist.ProcessGroup]
+    harness_groups: dict[str, dist.ProcessGroup]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class DistWorld:
+    """One rank's view of the job: rank, device, groups of the current generation, and the store."""
+
+    def __init__(self, backend: str | None = None, timeout_s: float = 60.0) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.backend = backend or default_backend()
+        self.timeout_s = float(timeout_s)
+        if self.backend == "nccl":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.store_port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None
+        self.store = self._connect_store()
+        self.generation = 0
+        self._meshes: dict[MeshSpec, MeshGroups] = {}
+        self._harness_world: dist.ProcessGroup | None = None
+        self._init_generation()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _connect_store(self) -> dist.Store:
+        if "MASTER_ADDR" not in os.environ:
+            if self.world_size != 1:
+                raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun")
+            return dist.HashStore()
+        agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            self.world_size,
+            is_master=(self.rank == 0 and not agent_hosts_store),
+            timeout=datetime.timedelta(seconds=max(self.timeout_s * 4, 120)),
+        )
+
+    @property
+    def _timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    def _init_generation(self) -> None:
+        prefix = dist.PrefixStore(f"clipcheck/gen{self.generation}", self.store)
+        dist.init_process_group(
+            self.backend,
+            store=prefix,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=self._timeout,
+        )
+        self._harness_world = dist.new_group(timeout=self._timeout)
+        self._meshes = {}
+
+    @property
+    def harness_world(self) -> dist.ProcessGroup:
+        assert self._harness_world is not None
+        return self._harness_world
+
+    def mesh(self, spec: MeshSpec) -> MeshGroups:
+        """Groups for ``spec`` in this generation, built once (every rank calls in the same order)."""
+        if spec not in self._meshes:
+            spec.check_world(self.world_size)
+            target: dict[str, dist.ProcessGroup] = {}
+            harness: dict[str, dist.ProcessGroup] = {}
+            for dim in spec.names:
+                target[dim] = self._subgroup(spec.groups(dim))
+                harness[dim] = self._subgroup(spec.groups(dim))
+            ids = torch.arange(self.world_size).reshape(spec.sizes)
+            device_mesh = DeviceMesh.from_group(
+                [target[d] for d in spec.names],
+                self.device.type,
+                mesh=ids,
+                mesh_dim_names=spec.names,
+            )
+            self._meshes[spec] = MeshGroups(spec, device_mesh, target, harness)
+        return self._meshes[spec]
+
+    def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:
+        mine, _ = dist.new_subgroups_by_enumeration(enumeration, timeout=self._timeout)
+        return mine
+
+    # -- failure handling ---------------------------------------------------------------------------
+    def abandon(self) -> None:
+        """This rank's case failed: unblock peers waiting on us, then drop every group."""
+        if dist.is_initialized():
+            release_peers(self.backend, self.store_port)
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Drop every group of this generation."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._meshes = {}
+        self._harness_world = None
+
+    def regenerate(self) -> None:
+        """A fresh generation of groups after a failed case; every rank must call it."""
+        self.teardown()
+        self.generation += 1
+        self._init_generation()
+
+    def close(self) -> None:
+        self.teardown()
+
+    # -- store control plane ----------------------------------------------------------------------
+    def _key(self, topic: str, rank: int) -> str:
+        return f"clipcheck/ctl/{topic}/{rank}"
+
+    def _wait(self, keys: list[str], topic: str, timeout_s: float) -> None:
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        except Exception:  # the store raises its own timeout type; say which ranks are missing
+            missing = sorted(int(k.rsplit("/", 1)[1]) for k in keys if not self.store.check([k]))
+            if not missing:
+                return
+            raise DeadRankError(
+                f"rank(s) {missing} did not report for {topic} within {timeout_s:.0f} s: "
+                "they hung or died (see their own output)"
+            ) from None
+
+    def allgather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any]:
+        """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order."""
+        self.store.set(self._key(topic, self.rank), json.dumps(payload))
+        keys = [self._key(topic, r) for r in range(self.world_size)]
+        self._wait(keys, topic, timeout_s)
+        return [json.loads(self.store.get(k)) for k in keys]
+
+    def gather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any] | None:
+        """Like allgather_json, but only rank 0 waits and receives; the others get None."""
+        self.store.set(self._key(topic, self.rank), json.dumps(payload))
+        if self.rank != 0:
+            return None
+        keys = [self._key(topic, r) for r in range(self.world_size)]
+        self._wait(keys, topic, timeout_s)
+        return [json.loads(self.store.get(k)) for k in keys]

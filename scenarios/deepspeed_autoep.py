@@ -1,0 +1,157 @@
+"""Dense + MoE experts under DeepSpeed-style expert parallelism, clipped the DeepSpeed fp32 way.
+
+The story (seed report ``deepspeed-autoep-fp32-clipping``): the fp32 clip takes each rank's local
+norm (a root), then averages those norms over the data-parallel group. That is right only when every
+rank holds the same parameters. With experts owned by different ranks, the mean of local norms is not
+the norm of the unique gradients, so the same four expert gradients give a different clip
+coefficient depending on how they are laid out.
+
+Layouts (``edp`` x ``ep`` mesh; experts are separate parameters, one module each, as in DeepSpeed):
+
+* ``ep=k`` for every valid k: expert i lives on the ranks whose ep coordinate owns it; ``ep=1`` is
+  the fully replicated layout. All of them hold the same unique gradients (a metamorphic group).
+* ``no-expert-rank``: every expert lives on ep coordinate 0; the other ep ranks own no expert at all
+  (as under pipeline parallelism). Same unique gradients again.
+* ``expert-no-grad``: one expert got no tokens, so its gradient is None on every rank holding it.
+
+Parameters are dressed as DeepSpeed dresses them: experts get ``allreduce = False`` and
+``group_name = "ep_size_<k>"``; dense parameters carry no mark.
+
+Two clips, in our own code: ``deepspeed-style`` (local root, then the mean over the world) and
+``deepspeed-style-repaired`` (sum |g|^p / replica count from the marks, one reduction, one root).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from harness.case import Variant, declared_from_layout
+from harness.clipmath import (
+    clip_coefficient,
+    collective_device,
+    combine,
+    is_inf_norm,
+    pow_sum,
+    reduce_op,
+    root,
+    scale_grads_,
+    trainable_with_grads,
+)
+from harness.injection import Injection
+from harness.layout import Layout, MeshSpec, param
+from harness.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.targets import Target
+
+NUM_EXPERTS, WIDTH = 4, 16
+
+
+def expert_name(i: int) -> str:
+    return f"moe.experts.{i}.weight"
+
+
+def autoep_layout(world_size: int, ep_size: int, owner_of: list[int]) -> Layout:
+    """Dense params everywhere; expert i on the ranks whose ep coordinate is ``owner_of[i]``."""
+    mesh = MeshSpec.of(edp=world_size // ep_size, ep=ep_size)
+    specs = [
+        param("dense.weight", (WIDTH, WIDTH)),
+        param("moe.gate.weight", (NUM_EXPERTS, WIDTH)),
+    ]
+    for i, owner in enumerate(owner_of):
+        specs.append(param(expert_name(i), (WIDTH, WIDTH), present_ranks=mesh.ranks_where(ep=owner)))
+    return Layout(mesh, tuple(specs))
+
+
+class DeepSpeedAutoEP(Scenario):
+    name = "deepspeed_autoep"
+    summary = "dense + per-module experts under EP with a DeepSpeed-style fp32 clip (local root, then mean)"
+    uses_ep = True
+    default_targets = ("deepspeed-style", "deepspeed-style-repaired", "reference")
+    default_norm_types = (2.0, float("inf"))
+
+    def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
+        base = Injection(seed=options.seed, dtype=options.dtype)
+        out = []
+        sizes = ep_sizes_for(self.name, world_size, NUM_EXPERTS, options.ep_sizes)
+        for ep in sizes:
+            per_rank = NUM_EXPERTS // ep
+            layout = autoep_layout(world_size, ep, [i // per_rank for i in range(NUM_EXPERTS)])
+            sharing = "owner-sharded" if ep > 1 else "replicated"
+            out.append(self._variant(sharing, layout, base, ep, "autoep"))
+            # the last expert got no tokens: None on every rank that holds it
+            last = expert_name(NUM_EXPERTS - 1)
+            no_grad = Injection(seed=options.seed, dtype=options.dtype,
+                                none_on={last: layout.param(last).present_ranks or frozenset()})
+            out.append(self._variant(f"{sharing} expert-no-grad", layout, no_grad, ep, "autoep-nograd"))
+        uneven = [ep for ep in sizes if ep > 1]
+        if uneven:
+            ep = min(uneven)
+            layout = autoep_layout(world_size, ep, [0] * NUM_EXPERTS)
+            out.append(self._variant("no-expert-rank", layout, base, ep, "autoep"))
+        return out
+
+    def _variant(self, kind: str, layout: Layout, injection: Injection, ep: int, key: str) -> Variant:
+        return Variant(
+            label=f"{layout.describe()} {kind}",
+            layout=layout,
+            injection=injection,
+            declared=declared_from_layout(layout),
+            invariance_key=key,
+            ep_size=ep,
+        )
+
+    def dress(self, model: nn.Module, variant: Variant) -> None:
+        for name, p in model.named_parameters():
+            if name.startswith("moe.experts."):
+                p.allreduce = False
+                p.group_name = f"ep_size_{variant.ep_size}"
+
+
+# -- the clips under test: our model of DeepSpeed's fp32 path, and its repair ------------------------------
+def deepspeed_style_clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """DeepSpeed-style fp32 clip: rank-local root, then the mean of local norms over the world."""
+    params = trainable_with_grads(model)
+    local = 0.0
+    for _, p in params:
+        local = combine(local, pow_sum(p.grad, norm_type), norm_type)
+    world = dist.get_world_size()
+    mean = torch.tensor(root(local, norm_type) / world, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+    total = float(mean)
+    scale_grads_((p for _, p in params), clip_coefficient(max_norm, total))
+    return torch.tensor(total, dtype=torch.float64)
+
+
+def _replica_count(p: nn.Parameter, world: int) -> int:
+    """From the DeepSpeed marks: experts live on world / ep_size ranks, dense ones on all."""
+    if getattr(p, "allreduce", True) is False:
+        ep_size = int(str(getattr(p, "group_name", "ep_size_1")).rsplit("_", 1)[1])
+        return world // ep_size
+    return world
+
+
+def deepspeed_style_repaired_clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """The repair: sum |g|^p / replica count (from the marks), one all-reduce, one root."""
+    params = trainable_with_grads(model)
+    world = dist.get_world_size()
+    local = 0.0
+    for _, p in params:
+        part = pow_sum(p.grad, norm_type)
+        local = combine(local, part if is_inf_norm(norm_type) else part / _replica_count(p, world), norm_type)
+    total = torch.tensor(local, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(total, op=reduce_op(norm_type))
+    norm = root(float(total), norm_type)
+    scale_grads_((p for _, p in params), clip_coefficient(max_norm, norm))
+    return torch.tensor(norm, dtype=torch.float64)
+
+
+DeepSpeedAutoEP.targets = {
+    t.name: t
+    for t in (
+        Target("deepspeed-style", deepspeed_style_clip, deepspeed_style_clip.__doc__.strip(),
+               origin="scenario deepspeed_autoep"),
+        Target("deepspeed-style-repaired", deepspeed_style_repaired_clip,
+               deepspeed_style_repaired_clip.__doc__.strip(), origin="scenario deepspeed_autoep"),
+    )
+}

@@ -1,0 +1,71 @@
+"""Run ``python -m harness`` under torchrun from a test and read back what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class HarnessRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    records: list[dict[str, Any]]
+
+    def cases(self, **match: Any) -> list[dict[str, Any]]:
+        """Case records whose fields equal ``match``; ``layout_has`` matches part of the layout label."""
+        out = []
+        for rec in self.records:
+            if rec.get("type") != "case":
+                continue
+            ok = True
+            for key, value in match.items():
+                if key == "layout_has":
+                    ok &= value in rec["layout"]
+                else:
+                    ok &= rec.get(key) == value
+            if ok:
+                out.append(rec)
+        return out
+
+    def one(self, **match: Any) -> dict[str, Any]:
+        found = self.cases(**match)
+        assert len(found) == 1, f"expected one case matching {match}, found {len(found)}"
+        return found[0]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return next(r for r in self.records if r.get("type") == "summary")
+
+    def metamorphic(self, **match: Any) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("type") == "metamorphic"
+                and all(r.get(k) == v for k, v in match.items())]
+
+
+def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
+    """torchrun --standalone (a free port per run, so runs can go in parallel) on this checkout."""
+    out = tmp_path / f"results-{nproc}-{abs(hash(tuple(args)))}.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "harness", *args, "--json", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    records = []
+    if out.exists():
+        records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return HarnessRun(proc.returncode, proc.stdout, proc.stderr, records)
+
+
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m harness`` without a launcher (world size from the environment, 1 by default)."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,65 @@
+"""Bad input gets one clear line and exit status 2 before any process group exists; --list works.
+
+The world size comes from the environment, as under torchrun, so an invalid combination is caught
+without launching anything."""
+
+import pytest
+
+from harness.cli import main
+from launch import run_cli
+
+
+def test_list_shows_scenarios_and_targets():
+    proc = run_cli(["--list"])
+    assert proc.returncode == 0
+    for name in ("xorl_ep_lora", "deepspeed_autoep", "dense_dp", "reference", "torch-dtensor", "xorl-style"):
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, world, message",
+    [
+        (["--scenario", "xorl_ep_lora", "--ep-size", "3"], "4", "ep_size 3 does not divide the world size 4"),
+        (["--scenario", "xorl_ep_lora", "--ep-size", "3"], "6", "8 experts are not divisible by ep_size 3"),
+        (["--target", "nope"], "1", "unknown target 'nope'"),
+        (["--target", "no_such_module:fn"], "1", "cannot import module 'no_such_module'"),
+        (["--target", "tests/missing.py:fn"], "1", "no such file 'tests/missing.py'"),
+        (["--scenario", "nope"], "1", "unknown scenario 'nope'"),
+        (["--scenario", "dense_dp", "--ep-size", "2"], "2", "--ep-size does not apply to dense_dp"),
+        (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
+        (["--max-norm", "0"], "1", "--max-norm must be positive"),
+        (["--variant", "zzz"], "1", "matches no layout variant"),
+        (["--backend", "nccl"], "1", "--backend nccl needs CUDA"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, world, message, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setenv("RANK", "0")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bad_norm_type_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--norm-type", "0"])
+    assert exit_info.value.code == 2 and "norm type must be positive" in capsys.readouterr().err
+
+
+def test_only_rank_zero_speaks(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["--target", "nope"]) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_bad_input_in_a_real_process_has_no_traceback():
+    proc = run_cli(["--scenario", "xorl_ep_lora", "--ep-size", "3"], {"WORLD_SIZE": "4", "RANK": "0"})
+    assert proc.returncode == 2
+    assert proc.stderr == "clipcheck: error: xorl_ep_lora: ep_size 3 does not divide the world size 4\n"
+
+
+def test_single_process_run_without_a_launcher():
+    proc = run_cli(["--scenario", "dense_dp", "--target", "reference", "--variant", "replicated"])
+    assert proc.returncode == 0, proc.stderr
+    assert "summary: 1 cases, 1 passed" in proc.stdout

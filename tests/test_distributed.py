@@ -1,0 +1,197 @@
+"""End to end: real torchrun jobs on CPU/gloo at world 2 and 4, read back from the JSON Lines file.
+
+Each fixture is one launch (a few seconds each); the tests assert the figures the seed reports
+promise, and that every check fails on a deliberately broken clip and passes on the reference.
+"""
+
+import math
+
+import pytest
+
+from launch import run_harness
+
+pytestmark = pytest.mark.distributed
+
+BROKEN = "tests/broken_targets.py"
+
+
+@pytest.fixture(scope="module")
+def xorl_world4(tmp_path_factory):
+    return run_harness(4, ["--scenario", "xorl_ep_lora"], tmp_path_factory.mktemp("xorl"))
+
+
+@pytest.fixture(scope="module")
+def deepspeed_world2(tmp_path_factory):
+    return run_harness(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"],
+                       tmp_path_factory.mktemp("ds"))
+
+
+@pytest.fixture(scope="module")
+def controls_world2(tmp_path_factory):
+    targets = ["reference", "torch", "torch-dtensor", "examples/my_clip.py:clip"] + [
+        f"{BROKEN}:{name}" for name in ("norm_off", "ranks_disagree", "no_clip", "replica_drift", "raise_on_rank1")
+    ]
+    return run_harness(2, ["--scenario", "dense_dp", "--target", ",".join(targets), "--timeout", "20"],
+                       tmp_path_factory.mktemp("controls"))
+
+
+# -- xorl: the 1/sqrt(ep_size) undercount ----------------------------------------------------------------
+def xorl_case(run, ep, plan, target, hybrid=False):
+    return run.one(target=target, layout=f"ep={ep} ep_fsdp={4 // ep} plan={plan} hybrid_shared={hybrid}")
+
+
+def test_xorl_minimax_plan_undercounts_by_one_over_sqrt_ep(xorl_world4):
+    run = xorl_world4
+    assert run.returncode != 0
+    at4 = xorl_case(run, 4, "minimax_m3", "xorl-style")
+    at2 = xorl_case(run, 2, "minimax_m3", "xorl-style")
+    assert at4["verdict"] == "FAIL" and f"{at4['ratio']:.6f}" == "0.500000"
+    assert at2["verdict"] == "FAIL" and f"{at2['ratio']:.6f}" == "0.707107"
+    assert "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times" in at4["signature"]
+    assert any("declared Replicate on ep, measured distinct" in s for s in at4["signature"])
+    assert not at4["checks"]["norm"]["passed"] and not at4["checks"]["coefficient"]["passed"]
+    assert "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times" in run.stdout
+
+
+def test_xorl_control_plan_and_fix_and_reference_pass(xorl_world4):
+    run = xorl_world4
+    for ep in (1, 2, 4):
+        for hybrid in (False, True):
+            control = xorl_case(run, ep, "qwen3_moe", "xorl-style", hybrid)
+            assert control["verdict"] == "PASS" and f"{control['ratio']:.6f}" == "1.000000"
+            for plan in ("qwen3_moe", "minimax_m3"):
+                assert xorl_case(run, ep, plan, "xorl-style-fixed", hybrid)["verdict"] == "PASS"
+                assert xorl_case(run, ep, plan, "reference", hybrid)["verdict"] == "PASS"
+    assert xorl_case(run, 1, "minimax_m3", "xorl-style")["verdict"] == "PASS"  # ep=1: nothing to miscount
+
+
+def test_xorl_hybrid_shared_factors_are_measured_replicated(xorl_world4):
+    case = xorl_case(xorl_world4, 2, "minimax_m3", "xorl-style", hybrid=True)
+    placements = case["measured_placements"]
+    assert placements["model.layers.0.mlp.experts.gate_proj_lora_A"] == "replicated on ep; distinct on ep_fsdp"
+    assert placements["model.layers.0.mlp.experts.gate_proj_lora_B"] == "distinct on ep, ep_fsdp"
+    assert case["verdict"] == "FAIL" and 0.7071 < case["ratio"] < 1.0  # only the per-expert factors undercount
+
+
+def test_xorl_one_local_expert_defeats_plan_and_fix(xorl_world4):
+    for target in ("xorl-style", "xorl-style-fixed"):
+        case = xorl_world4.one(target=target, layout_has="(1 per ep rank)")
+        assert case["verdict"] == "FAIL" and f"{case['ratio']:.6f}" == "0.500000"
+    assert xorl_world4.one(target="reference", layout_has="(1 per ep rank)")["verdict"] == "PASS"
+
+
+def test_xorl_records_are_complete(xorl_world4):
+    summary = xorl_world4.summary
+    assert summary["cases"] == len(xorl_world4.cases()) == 39
+    assert summary["failed"] == 6 and summary["harness_errors"] == 0
+    for case in xorl_world4.cases():
+        assert case["checks"]["truth"]["passed"]
+        assert case["world_size"] == 4 and case["backend"] == "gloo" and case["tolerance"] == 1e-5
+
+
+# -- DeepSpeed: local root then mean ------------------------------------------------------------------
+def test_deepspeed_style_coefficient_depends_on_layout(deepspeed_world2):
+    run = deepspeed_world2
+    for dtype in ("fp32", "bf16"):
+        for norm in ("L2", "Linf"):
+            buggy = run.metamorphic(target="deepspeed-style", norm=norm, dtype=dtype, invariance_key="autoep")
+            repaired = run.metamorphic(target="deepspeed-style-repaired", norm=norm, dtype=dtype,
+                                       invariance_key="autoep")
+            assert len(buggy) == len(repaired) == 1
+            assert not buggy[0]["passed"] and buggy[0]["gap"] > 0
+            assert repaired[0]["passed"] and repaired[0]["gap"] < (1e-6 if dtype == "fp32" else 1e-4)
+            assert set(buggy[0]["coefficients"]) == {
+                "edp=2 ep=1 replicated", "edp=1 ep=2 owner-sharded", "edp=1 ep=2 no-expert-rank"}
+
+
+def test_deepspeed_style_fails_exactly_where_experts_are_owned(deepspeed_world2):
+    run = deepspeed_world2
+    for case in run.cases(target="deepspeed-style"):
+        expected = "PASS" if "replicated" in case["layout"] else "FAIL"
+        assert case["verdict"] == expected, case["layout"]
+        if expected == "FAIL" and case["norm_type"] == 2.0:
+            assert any("mean of the rank-local norms" in s for s in case["signature"])
+    for target in ("deepspeed-style-repaired", "reference"):
+        assert all(c["verdict"] == "PASS" for c in run.cases(target=target))
+
+
+def test_deepspeed_edge_cases_are_covered(deepspeed_world2):
+    run = deepspeed_world2
+    no_expert = run.one(target="deepspeed-style", layout_has="no-expert-rank", norm_type=2.0, dtype="fp32")
+    assert no_expert["verdict"] == "FAIL" and no_expert["ratio"] < 0.9
+    no_grad = run.one(target="reference", layout_has="owner-sharded expert-no-grad", norm_type="inf", dtype="fp32")
+    assert no_grad["verdict"] == "PASS"
+    inf = run.one(target="deepspeed-style", layout="edp=1 ep=2 owner-sharded", norm_type="inf", dtype="fp32")
+    assert inf["verdict"] == "FAIL"
+    assert run.summary["harness_errors"] == 0
+
+
+# -- positive controls: every check fails on a broken clip and passes on the reference ----------------------
+def failed_checks(case):
+    return {name for name, check in case["checks"].items() if not check["passed"]}
+
+
+def test_reference_dtensor_and_readme_example_pass_everything(controls_world2):
+    for target in ("reference", "torch-dtensor", "examples/my_clip.py:clip"):
+        cases = controls_world2.cases(target=target)
+        assert len(cases) == 4 and all(c["verdict"] == "PASS" for c in cases)
+
+
+def test_each_check_fails_on_its_broken_clip(controls_world2):
+    run = controls_world2
+    expect = {"norm_off": {"norm"}, "ranks_disagree": {"agree"}, "no_clip": {"coefficient"}}
+    for name, checks in expect.items():
+        for case in run.cases(target=f"{BROKEN}:{name}"):
+            if case["true_norm"] != "nan":
+                assert failed_checks(case) == checks, (name, case["layout"])
+    drift = run.one(target=f"{BROKEN}:replica_drift", layout="dp=2 replicated")
+    assert failed_checks(drift) == {"replicas"}
+
+
+def test_torch_local_clip_fails_sharded_layouts_with_the_rank_local_signature(controls_world2):
+    run = controls_world2
+    assert run.one(target="torch", layout="dp=2 replicated")["verdict"] == "PASS"
+    fsdp = run.one(target="torch", layout="dp=2 fsdp", dtype="fp32")
+    assert failed_checks(fsdp) == {"norm", "agree", "coefficient"}
+    assert "each rank reports its rank-local norm: no cross-rank reduction" in fsdp["signature"]
+    nan_case = run.one(target="torch", layout="dp=2 fsdp nonfinite")
+    assert "nonfinite" in failed_checks(nan_case)
+
+
+def test_a_rank_that_raises_fails_its_case_and_the_run_goes_on(controls_world2):
+    run = controls_world2
+    cases = run.cases(target=f"{BROKEN}:raise_on_rank1")
+    assert len(cases) == 4
+    for case in cases:
+        assert "raised" in failed_checks(case)
+        assert case["checks"]["raised"]["detail"].startswith("rank 1: ValueError: broken on purpose")
+        assert case["seconds"] < 10  # the teardown unblocked rank 0; it did not wait for the timeout
+    assert run.summary["cases"] == 4 * 9
+
+
+def test_harness_error_when_the_injection_lies(tmp_path):
+    run = run_harness(2, ["--scenario", "tests/corrupt_scenario.py:CorruptedInjection", "--target", "reference",
+                          "--variant", "replicated"], tmp_path)
+    case = run.one(target="reference")
+    assert case["verdict"] == "ERROR" and not case["checks"]["truth"]["passed"]
+    assert "HARNESS ERROR" in case["checks"]["truth"]["detail"]
+    assert run.summary["harness_errors"] == 1 and run.returncode != 0
+
+
+def test_mismatched_collectives_time_out_then_the_run_recovers_and_a_dead_rank_ends_it(tmp_path):
+    targets = [f"{BROKEN}:skip_collective_on_rank1", "reference", f"{BROKEN}:exit_on_rank1"]
+    run = run_harness(2, ["--scenario", "dense_dp", "--variant", "replicated", "--target", ",".join(targets),
+                          "--timeout", "3"], tmp_path, timeout=120)
+    cases = run.cases()
+    assert [c["target"] for c in cases] == targets[:2]  # the dead rank's case never finished
+    hung, after = cases
+    assert "raised" in failed_checks(hung) and "Timed out" in hung["checks"]["raised"]["detail"]
+    assert after["verdict"] == "PASS"
+    assert run.returncode != 0 and "exitcode" in run.stderr and "7" in run.stderr
+    assert not any(r.get("type") == "summary" for r in run.records)
+
+
+def test_nothing_is_nan_in_json(controls_world2):
+    for case in controls_world2.cases():
+        for value in (case["true_norm"], case["ratio"]):
+            assert value is None or isinstance(value, str) or math.isfinite(value)

@@ -1,0 +1,217 @@
+"""Judging a case on rank 0: the oracle arithmetic, every check on fabricated per-rank records (each
+shown failing on the record a broken clip would produce, and passing on a correct one), and the
+signatures that explain a wrong ratio."""
+
+import math
+
+import pytest
+import torch
+
+from harness.case import CaseSpec, Variant, declared_from_layout
+from harness.checks import applied_coefficients, evaluate
+from harness.clipmath import clip_coefficient, pow_sum
+from harness.injection import Injection, local_grad
+from harness.layout import Layout, MeshSpec, Replicate, Shard, param
+from harness.oracle import Replication, StatsTable, constructive_norm, declared_norm, measured_norm
+from harness.signatures import Evidence, explain, replica_factor
+
+
+def simulated_stats(layout, injection, norm_type):
+    """What gather_stats would produce on every rank, computed in-process."""
+    names = [s.name for s in layout.trainable]
+    numel, itemsize, powsum, nonfinite = [], [], [], []
+    for r in range(layout.mesh.world_size):
+        grads = [local_grad(layout, injection, s, r) for s in layout.trainable]
+        numel.append([-1 if g is None else g.numel() for g in grads])
+        itemsize.append([0 if g is None else g.element_size() for g in grads])
+        powsum.append([0.0 if g is None else pow_sum(g, norm_type) for g in grads])
+        nonfinite.append([False if g is None else not bool(torch.isfinite(g).all()) for g in grads])
+    return StatsTable(names, numel, itemsize, powsum, nonfinite)
+
+
+def true_replication(layout):
+    return Replication({
+        dim: {s.name: isinstance(s.placement(dim), Shard) for s in layout.trainable} for dim in layout.mesh.names
+    })
+
+
+def ep_layout():
+    mesh = MeshSpec.of(ep=4)
+    return Layout(mesh, (param("experts.w", (8, 6), ep=Shard(0)), param("dense.w", (6,))))
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0, math.inf])
+def test_measured_truth_equals_constructive_truth(norm_type):
+    layout = ep_layout()
+    injection = Injection(seed=5)
+    stats = simulated_stats(layout, injection, norm_type)
+    measured = measured_norm(stats, true_replication(layout), layout.mesh, norm_type)
+    assert measured == pytest.approx(constructive_norm(layout, injection, norm_type), rel=1e-12)
+
+
+def test_a_wrong_replication_reading_breaks_the_cross_check():
+    layout = ep_layout()
+    injection = Injection(seed=5)
+    stats = simulated_stats(layout, injection, 2.0)
+    wrong = Replication({"ep": {"experts.w": False, "dense.w": False}})  # experts read as replicated
+    assert measured_norm(stats, wrong, layout.mesh, 2.0) != pytest.approx(constructive_norm(layout, injection, 2.0))
+
+
+def test_declared_norm_of_a_fallback_replicate_is_one_over_sqrt_ep():
+    layout = Layout(MeshSpec.of(ep=4), (param("experts.w", (8, 6), ep=Shard(0)),))
+    stats = simulated_stats(layout, Injection(), 2.0)
+    truth = constructive_norm(layout, Injection(), 2.0)
+    assert declared_norm(stats, layout.mesh, {"experts.w": {"ep": Replicate()}}, 2.0) / truth == pytest.approx(0.5)
+
+
+# -- signatures ---------------------------------------------------------------------------------------
+def evidence(mesh, truth=10.0, norm_type=2.0, local=(5.0, 5.0), declared=10.0, mismatches=()):
+    return Evidence(truth, norm_type, mesh, list(local), declared, list(mismatches))
+
+
+def test_replica_factor_names_the_mesh_dim():
+    ev = evidence(MeshSpec.of(ep=4, ep_fsdp=1))
+    assert replica_factor(0.5, ev, 1e-5) == "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times"
+    assert replica_factor(2**-0.5, ev, 1e-5).startswith("0.707107 = 1/sqrt(2): a group counted once instead of 2")
+    tp = evidence(MeshSpec.of(dp=2, tp=4))
+    assert replica_factor(2.0, tp, 1e-5) == "2.000000 = sqrt(4): a group counted tp_size times instead of once"
+    l1 = evidence(MeshSpec.of(ep=4), norm_type=1.0)
+    assert replica_factor(0.25, l1, 1e-5) == "0.250000 = 1/4: a group counted once instead of ep_size times"
+    assert replica_factor(0.9, ev, 1e-5) is None
+
+
+def test_explain_picks_the_closest_mechanism():
+    mesh = MeshSpec.of(dp=2)
+    local = (3.0, 4.0)  # truth 5 = sqrt(9 + 16)
+    mean = explain([3.5, 3.5], evidence(mesh, truth=5.0, local=local), 1e-5)
+    assert mean == ["equals the mean of the rank-local norms: a root taken before the cross-rank average"]
+    assert explain([3.0, 4.0], evidence(mesh, truth=5.0, local=local), 1e-5) == [
+        "each rank reports its rank-local norm: no cross-rank reduction"]
+    assert explain([4.0, 4.0], evidence(mesh, truth=5.0, local=local), 1e-5) == [
+        "equals the largest rank-local norm: partial norms merged with MAX"]
+    declared = explain([2.5, 2.5], evidence(mesh, truth=5.0, local=local, declared=2.5,
+                                            mismatches=["declared Replicate on dp, measured distinct: w"]), 1e-5)
+    assert declared == ["equals the norm implied by the declared placements, which are wrong: "
+                        "declared Replicate on dp, measured distinct: w"]
+    assert explain([5.0, 5.0], evidence(mesh, truth=5.0, local=local), 1e-5) == []
+
+
+# -- checks on fabricated records -----------------------------------------------------------------------
+def dense_case(nonfinite=()):
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
+    injection = Injection(seed=2, nonfinite=nonfinite)
+    variant = Variant("dp=2", layout, injection, declared_from_layout(layout))
+    return CaseSpec(0, "test", variant, "t", 2.0, 0.5)
+
+
+def judge(case, reported, transform, errors=(None, None), post_distinct=None):
+    """Build per-rank records as if a target returned ``reported`` and mapped grads with ``transform``."""
+    layout, injection = case.layout, case.injection
+    stats = simulated_stats(layout, injection, 2.0)
+    truth = constructive_norm(layout, injection, 2.0)
+    records = []
+    for r in range(2):
+        pre = {s.name: local_grad(layout, injection, s, r) for s in layout.trainable}
+        post = {n: transform(r, n, g.clone()) for n, g in pre.items()}
+        records.append({"reported": reported[r], "error": errors[r], "seconds": 0.0,
+                        "local": applied_coefficients(pre, post)})
+    pre_rep = true_replication(layout)
+    post_rep = Replication(post_distinct) if post_distinct else pre_rep
+    return evaluate(case, truth, truth, stats, pre_rep, post_rep, records), truth
+
+
+def correct(case):
+    truth = constructive_norm(case.layout, case.injection, 2.0)
+    c = clip_coefficient(case.max_norm, truth)
+    return truth, (lambda r, n, g: g * c)
+
+
+def failed(result):
+    return {c.name for c in result.failed}
+
+
+def test_correct_records_pass_every_check():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], scale)
+    assert result.verdict == "PASS" and not result.failed
+    assert {c.name for c in result.checks} == {"truth", "norm", "agree", "coefficient", "replicas"}
+
+
+def test_norm_check_fails_on_a_wrong_value():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth * 1.001, truth * 1.001], scale)
+    assert failed(result) == {"norm"}
+
+
+def test_agree_check_fails_when_ranks_differ_by_one_ulp():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, math.nextafter(truth, math.inf)], scale)
+    assert failed(result) == {"agree"}
+
+
+def test_coefficient_check_fails_without_clipping_and_on_partial_clipping():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], lambda r, n, g: g)
+    assert failed(result) == {"coefficient"}
+    result, _ = judge(case, [truth, truth], lambda r, n, g: scale(r, n, g) if n == "a" else g)
+    assert failed(result) == {"coefficient"} and "b scaled by 1" in result.failed[0].detail
+
+
+def test_coefficient_check_fails_on_non_uniform_scaling():
+    case = dense_case()
+    truth, scale = correct(case)
+
+    def lopsided(r, n, g):
+        g = scale(r, n, g)
+        g.view(-1)[0] *= 1.5
+        return g
+
+    result, _ = judge(case, [truth, truth], lopsided)
+    assert failed(result) == {"coefficient"} and "non-uniformly" in result.failed[0].detail
+
+
+def test_replicas_check_fails_when_a_replica_diverges():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], scale, post_distinct={"dp": {"a": True, "b": False}})
+    assert failed(result) == {"replicas"}
+
+
+def test_raised_check_names_the_root_cause_not_the_collateral():
+    case = dense_case()
+    truth, scale = correct(case)
+    errors = ("RuntimeError: [gloo] Connection closed by peer [127.0.0.1]", "ValueError: boom (at t.py:3)")
+    result, _ = judge(case, [None, None], lambda r, n, g: g, errors=errors)
+    assert failed(result) == {"raised"}
+    assert result.failed[0].detail.startswith("rank 1: ValueError: boom")
+
+
+def test_nonfinite_consistency():
+    case = dense_case(nonfinite=[("a", 0, "nan")])
+    both_nan, _ = judge(case, [math.nan, math.nan], lambda r, n, g: g * math.nan)
+    assert both_nan.verdict == "PASS" and "nonfinite" in {c.name for c in both_nan.checks}
+    one_rank, _ = judge(case, [math.nan, 3.0], lambda r, n, g: g)
+    assert "nonfinite" in failed(one_rank) and "agree" in failed(one_rank)
+    split_action, _ = judge(case, [math.nan, math.nan], lambda r, n, g: g * 0.5 if r else g)
+    assert failed(split_action) == {"nonfinite"}
+    all_raise, _ = judge(case, [None, None], lambda r, n, g: g, errors=("E: nonfinite", "E: nonfinite"))
+    assert all_raise.verdict == "PASS"
+    one_raise, _ = judge(case, [None, None], lambda r, n, g: g,
+                         errors=("E: Connection closed by peer", "E: nonfinite"))
+    assert {"raised", "nonfinite"} <= failed(one_raise)
+
+
+def test_harness_error_when_measured_and_constructive_disagree():
+    case = dense_case()
+    truth, scale = correct(case)
+    layout, injection = case.layout, case.injection
+    stats = simulated_stats(layout, injection, 2.0)
+    records = [{"reported": truth, "error": None, "seconds": 0.0,
+                "local": applied_coefficients({}, {})} for _ in range(2)]
+    rep = true_replication(layout)
+    result = evaluate(case, truth, truth * 1.01, stats, rep, rep, records)
+    assert result.verdict == "ERROR" and "HARNESS ERROR" in result.failed[0].detail
