@@ -14,10 +14,11 @@ def clip(model, *, max_norm, norm_type=2.0):
         for dim in ctx.mesh_spec.names:                      # replicated dims hold copies: count once
             if not isinstance(placements.get(dim), Shard):
                 replicas *= ctx.group_size(dim)
-        local += p.grad.double().pow(norm_type).sum() / replicas
+        grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad   # DTensor or plain
+        local += grad.double().abs().pow(norm_type).sum() / replicas
     dist.all_reduce(local)
     total = float(local) ** (1 / norm_type)
     for p in model.parameters():
         if p.grad is not None:
-            p.grad.mul_(min(1.0, max_norm / (total + 1e-6)))
+            p.grad.mul_(min(1.0, max_norm / (total + 1e-6)))  # DTensor grads scale in place too
     return total
