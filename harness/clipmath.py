@@ -86,3 +86,24 @@ def scale_grads_(params: Iterable[nn.Parameter], coefficient: float) -> None:
     for p in params:
         if p.grad is not None:
             local_tensor(p.grad).mul_(coefficient)
+
+
+def reduce_root_and_clip(
+    local: float,
+    params: Iterable[nn.Parameter],
+    *,
+    max_norm: float,
+    norm_type: float,
+    group: dist.ProcessGroup | None = None,
+) -> float:
+    """Finish a layout-aware clip: one all-reduce of the rank's partial (SUM of already de-duplicated
+    p-th powers, or MAX for the inf norm), one root, then the clip. Returns the global norm.
+
+    A NaN flag rides along with the value because gloo's float MAX can drop a NaN depending on rank
+    order; with it every rank sees the same non-finite verdict.
+    """
+    total = torch.tensor([local, float(math.isnan(local))], dtype=torch.float64, device=collective_device())
+    dist.all_reduce(total, op=reduce_op(norm_type), group=group)
+    norm = math.nan if total[1] > 0 else root(float(total[0]), norm_type)
+    scale_grads_(params, clip_coefficient(max_norm, norm))
+    return norm

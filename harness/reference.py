@@ -12,22 +12,10 @@ other target is compared with, and the harness's own checks are shown to pass on
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from .clipmath import (
-    clip_coefficient,
-    combine,
-    is_inf_norm,
-    pow_sum,
-    reduce_op,
-    root,
-    scale_grads_,
-    trainable_with_grads,
-)
+from .clipmath import combine, is_inf_norm, pow_sum, reduce_root_and_clip, trainable_with_grads
 from .context import context
 
 
@@ -40,9 +28,5 @@ def clip_grad_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0)
         if not is_inf_norm(norm_type):
             part /= ctx.true_replica_count(name)
         local = combine(local, part, norm_type)
-    # the NaN flag rides along because gloo's float MAX can drop a NaN depending on rank order
-    total = torch.tensor([local, float(math.isnan(local))], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(total, op=reduce_op(norm_type))
-    norm = math.nan if total[1] > 0 else root(float(total[0]), norm_type)
-    scale_grads_((p for _, p in params), clip_coefficient(max_norm, norm))
+    norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     return torch.tensor(norm, dtype=torch.float64)

@@ -34,7 +34,7 @@ from harness.clipmath import (
     combine,
     is_inf_norm,
     pow_sum,
-    reduce_op,
+    reduce_root_and_clip,
     root,
     scale_grads_,
     trainable_with_grads,
@@ -139,10 +139,7 @@ def deepspeed_style_repaired_clip(model: nn.Module, *, max_norm: float, norm_typ
     for _, p in params:
         part = pow_sum(p.grad, norm_type)
         local = combine(local, part if is_inf_norm(norm_type) else part / _replica_count(p, world), norm_type)
-    total = torch.tensor(local, dtype=torch.float64, device=collective_device())
-    dist.all_reduce(total, op=reduce_op(norm_type))
-    norm = root(float(total), norm_type)
-    scale_grads_((p for _, p in params), clip_coefficient(max_norm, norm))
+    norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     return torch.tensor(norm, dtype=torch.float64)
 
 
