@@ -1,37 +1,32 @@
-"""Turn command-line choices into the ordered list of cases, validating everything up front.
+"""Expand a matrix (scenario x target x ep_size x world x dtype x norm_type x backend) into the ordered
+list of cases one launch runs, validating everything up front.
 
-Planning is pure and deterministic, so every rank plans the same list; and it needs no process
-group, so bad input is reported before any collective (and, from a launcher, before any process).
+Planning is pure and deterministic, so every rank plans the same list; it needs no process group, so
+a launcher can plan every world size before it starts a single process. A *name* that does not exist
+(an unknown scenario, target or dtype) is bad input and raises ``UsageError``. A *combination* that
+cannot exist (ep_size not dividing the world, experts not divisible by ep_size, a framework-specific
+target paired with another framework's scenario, a world size or backend the matrix does not list)
+is dropped and counted under its reason; only when nothing is left is that an error.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
-from .case import CaseSpec
+from .case import CaseSpec, Variant
 from .injection import DTYPES
 from .layout import LayoutError
 from .loading import LoadError
-from .registry import builtin_scenarios, resolve_scenario, target
+from .matrix import MatrixSpec
+from .registry import builtin_scenarios, registered_targets, resolve_scenario
 from .scenario import Scenario, ScenarioOptions
-from .targets import Target
+from .targets import Target, resolve_target
 
 
 class UsageError(ValueError):
-    """Bad command-line input, reported as one clear line."""
-
-
-@dataclass(frozen=True)
-class Request:
-    scenarios: tuple[str, ...] = ()
-    targets: tuple[str, ...] = ()
-    ep_sizes: tuple[int, ...] | None = None
-    norm_types: tuple[float, ...] = ()
-    dtypes: tuple[str, ...] = ("fp32",)
-    max_norm: float = 0.5
-    seed: int = 0
-    variant: str | None = None
+    """Bad input, reported as one clear line."""
 
 
 @dataclass
@@ -39,64 +34,100 @@ class Plan:
     cases: list[CaseSpec]
     scenarios: dict[str, Scenario]
     targets: dict[str, Target]
-    notes: list[str]
+    notes: list[str] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+
+    def drop_lines(self) -> list[str]:
+        total = sum(self.dropped.values())
+        if not total:
+            return []
+        lines = [f"dropped {total} invalid combination(s):"]
+        lines += [f"  {count} x {reason}" for reason, count in self.dropped.most_common()]
+        return lines
 
 
-def plan_cases(request: Request, world_size: int) -> Plan:
+def plan_cases(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
     try:
-        return _plan(request, world_size)
+        plan = _plan(spec, world_size, backend)
     except (LayoutError, LoadError) as exc:
         raise UsageError(str(exc)) from None
+    if not plan.cases:
+        reasons = "; ".join(plan.dropped) or "the matrix is empty"
+        raise UsageError(f"no valid cases at world size {world_size}: {reasons}")
+    return plan
 
 
-def _plan(request: Request, world_size: int) -> Plan:
-    if not request.max_norm > 0:
-        raise UsageError(f"--max-norm must be positive, got {request.max_norm}")
-    for dtype in request.dtypes:
+def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
+    if not spec.max_norm > 0:
+        raise UsageError(f"max_norm must be positive, got {spec.max_norm}")
+    for dtype in spec.dtypes:
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-    names = request.scenarios or tuple(builtin_scenarios())
+    names = spec.scenarios or tuple(builtin_scenarios())
     scenarios = {name: resolve_scenario(name) for name in names}
-    notes: list[str] = []
-    if request.ep_sizes is not None:
+    plan = Plan(cases=[], scenarios=scenarios, targets={})
+    if spec.ep_sizes is not None:
         no_ep = [n for n, s in scenarios.items() if not s.uses_ep]
-        if no_ep and request.scenarios:
+        if no_ep and spec.scenarios and len(no_ep) == len(scenarios):
             raise UsageError(f"--ep-size does not apply to {', '.join(no_ep)}: it has no expert parallelism")
         if no_ep:
-            notes.append(f"--ep-size ignored for {', '.join(no_ep)} (no expert parallelism)")
+            plan.notes.append(f"ep_size does not apply to {', '.join(no_ep)} (no expert parallelism)")
+    registered = registered_targets(list(scenarios.values()))
+    for t in spec.targets:
+        plan.targets[t] = resolve_target(t, registered)
 
-    targets: dict[str, Target] = {}
-    cases: list[CaseSpec] = []
-    matched_variant = False
+    if spec.worlds and world_size not in spec.worlds:
+        plan.dropped[f"world size {world_size} is not in the matrix {list(spec.worlds)}"] += 1
+        return plan
+    if spec.backends and backend not in spec.backends:
+        plan.dropped[f"backend {backend} is not in the matrix {list(spec.backends)}"] += 1
+        return plan
+
     for name, scenario in scenarios.items():
-        target_names = request.targets or scenario.default_targets
-        for t in target_names:
-            if t not in targets:
-                targets[t] = target(t, list(scenarios.values()))
-        norm_types = request.norm_types or scenario.default_norm_types
-        for dtype in request.dtypes:
-            options = ScenarioOptions(
-                seed=request.seed,
-                dtype=dtype,
-                ep_sizes=request.ep_sizes if scenario.uses_ep else None,
-            )
-            for variant in scenario.variants(world_size, options):
+        targets_here = []
+        for target_name in spec.targets or scenario.default_targets:
+            resolved = plan.targets.setdefault(target_name, resolve_target(target_name, registered))
+            owner = _owning_scenario(resolved)
+            if owner is not None and owner != name:
+                plan.dropped[f"target {target_name} models scenario {owner}, not {name}"] += 1
+                continue
+            targets_here.append(target_name)
+        if not targets_here:
+            continue
+        variants = _variants(scenario, spec, world_size, plan)
+        if spec.variant:
+            variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
+        for variant in variants:
+            for target_name in targets_here:
+                for norm_type in spec.norm_types or scenario.default_norm_types:
+                    plan.cases.append(
+                        CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm)
+                    )
+    if spec.variant and not plan.cases:
+        raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
+    return plan
+
+
+def _owning_scenario(resolved: Target) -> str | None:
+    prefix = "scenario "
+    return resolved.origin[len(prefix):] if resolved.origin.startswith(prefix) else None
+
+
+def _variants(scenario: Scenario, spec: MatrixSpec, world_size: int, plan: Plan) -> list[Variant]:
+    """Every variant for each requested ep_size and dtype; an impossible ep_size is dropped and counted."""
+    ep_choices: list[tuple[int, ...] | None] = [None]
+    if scenario.uses_ep and spec.ep_sizes is not None:
+        ep_choices = [(ep,) for ep in spec.ep_sizes]
+    out: list[Variant] = []
+    for dtype in spec.dtypes:
+        for ep in ep_choices:
+            options = ScenarioOptions(seed=spec.seed, dtype=dtype, ep_sizes=ep)
+            try:
+                variants = scenario.variants(world_size, options)
+            except LayoutError as exc:
+                plan.dropped[str(exc)] += 1
+                continue
+            for variant in variants:
                 variant.layout.check_world(world_size)
-                if request.variant and not fnmatch.fnmatchcase(variant.label, f"*{request.variant}*"):
-                    continue
-                matched_variant = True
-                for t in target_names:
-                    for norm_type in norm_types:
-                        cases.append(
-                            CaseSpec(
-                                index=len(cases),
-                                scenario=name,
-                                variant=variant,
-                                target=t,
-                                norm_type=norm_type,
-                                max_norm=request.max_norm,
-                            )
-                        )
-    if request.variant and not matched_variant:
-        raise UsageError(f"--variant {request.variant!r} matches no layout variant")
-    return Plan(cases=cases, scenarios=scenarios, targets=targets, notes=notes)
+            out.extend(variants)
+    return out

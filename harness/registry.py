@@ -36,6 +36,3 @@ def registered_targets(scenarios: list[Scenario] | None = None) -> dict[str, Tar
         found.update(scenario.targets)
     return found
 
-
-def target(name: str, scenarios: list[Scenario] | None = None) -> Target:
-    return resolve_target(name, registered_targets(scenarios))
