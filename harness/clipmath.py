@@ -10,7 +10,7 @@ All accumulation is float64 so that the harness's own arithmetic never limits wh
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -77,6 +77,23 @@ def clip_coefficient(max_norm: float, total_norm: float) -> float:
 
 def trainable_with_grads(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+
+
+def weighted_partial(
+    params: Iterable[tuple[str, nn.Parameter]],
+    norm_type: float,
+    replica_count: Callable[[str, nn.Parameter], int],
+) -> float:
+    """This rank's share of the global p-th power sum: each local gradient's sum |g|^p divided by the
+    number of ranks holding the same slice (so a sum over all ranks counts it once). For the inf norm,
+    the local maximum: replicas do not change a maximum."""
+    local = 0.0
+    for name, p in params:
+        part = pow_sum(p.grad, norm_type)
+        if not is_inf_norm(norm_type):
+            part /= replica_count(name, p)
+        local = combine(local, part, norm_type)
+    return local
 
 
 def scale_grads_(params: Iterable[nn.Parameter], coefficient: float) -> None:

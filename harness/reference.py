@@ -15,18 +15,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .clipmath import combine, is_inf_norm, pow_sum, reduce_root_and_clip, trainable_with_grads
+from .clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
 from .context import context
 
 
 def clip_grad_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     ctx = context(model)
     params = trainable_with_grads(model)
-    local = 0.0
-    for name, p in params:
-        part = pow_sum(p.grad, norm_type)
-        if not is_inf_norm(norm_type):
-            part /= ctx.true_replica_count(name)
-        local = combine(local, part, norm_type)
+    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
     norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     return torch.tensor(norm, dtype=torch.float64)

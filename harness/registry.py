@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .loading import LoadError, is_reference, load_object
 from .scenario import Scenario
-from .targets import BUILTIN_TARGETS, Target, resolve_target
+from .targets import BUILTIN_TARGETS, Target
 
 
 def builtin_scenarios() -> dict[str, Scenario]:
@@ -30,8 +30,11 @@ def resolve_scenario(name: str) -> Scenario:
 
 
 def registered_targets(scenarios: list[Scenario] | None = None) -> dict[str, Target]:
-    """Built-in targets plus every scenario's own (from all built-in scenarios and those given)."""
+    """Built-in targets, the mutants, and every scenario's own (built-in scenarios and those given)."""
+    from .mutants import MUTANTS
+
     found = dict(BUILTIN_TARGETS)
+    found.update(MUTANTS)
     for scenario in list(builtin_scenarios().values()) + list(scenarios or []):
         found.update(scenario.targets)
     return found

@@ -67,9 +67,11 @@ def case_json(result: CaseResult, world_size: int, backend: str) -> dict[str, An
     }
 
 
-def metamorphic_json(group: MetamorphicResult) -> dict[str, Any]:
+def metamorphic_json(group: MetamorphicResult, world_size: int, backend: str) -> dict[str, Any]:
     return {
         "type": "metamorphic",
+        "world_size": world_size,
+        "backend": backend,
         "scenario": group.scenario,
         "target": group.target,
         "norm": group.norm_label,
@@ -92,14 +94,19 @@ class Reporter:
         self.verbose = verbose
         self.json = open(json_path, "w", encoding="utf-8") if json_path else None
         self._noted: set[str] = set()
+        self.records: list[dict[str, Any]] = []
 
     def _write_json(self, obj: dict[str, Any]) -> None:
+        self.records.append(obj)
         if self.json is not None:
             self.json.write(json.dumps(obj) + "\n")
             self.json.flush()
 
     def _print(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
+
+    def note(self, line: str) -> None:
+        self._print(f"note: {line}")
 
     def header(self, n_cases: int, notes: Iterable[str]) -> None:
         tol = ", ".join(f"{k} {v:g}" for k, v in NORM_RTOL.items())
@@ -143,7 +150,7 @@ class Reporter:
                 f"coefficient gap {g.gap:.7f} {'PASS' if g.passed else 'FAIL'}"
                 + ("" if g.gap == 0 else f"  [{low}: {g.coefficients[low]:.6f} .. {high}: {g.coefficients[high]:.6f}]")
             )
-            self._write_json(metamorphic_json(g))
+            self._write_json(metamorphic_json(g, self.world_size, self.backend))
 
     def summary(self, results: list[CaseResult], groups: list[MetamorphicResult]) -> bool:
         passed = sum(r.verdict == "PASS" for r in results)

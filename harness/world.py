@@ -66,6 +66,8 @@ class DistWorld:
         self.store_port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None
         self.store = self._connect_store()
         self.generation = 0
+        self._exchanges = 0
+        self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
         self._init_generation()
@@ -153,8 +155,14 @@ class DistWorld:
         self.teardown()
 
     # -- store control plane ----------------------------------------------------------------------
-    def _key(self, topic: str, rank: int) -> str:
-        return f"clipcheck/ctl/{topic}/{rank}"
+    # Exchanges are numbered: every rank makes them in the same order, so the n-th exchange has the
+    # same key on every rank however many cases a process runs (a warm pool reuses case indices).
+    def _post(self, topic: str, payload: Any) -> tuple[list[str], str]:
+        self._exchanges += 1
+        tag = f"clipcheck/ctl/{self._exchanges}/{topic}"
+        mine = f"{tag}/{self.rank}"
+        self.store.set(mine, json.dumps(payload))
+        return [f"{tag}/{r}" for r in range(self.world_size)], mine
 
     def _wait(self, keys: list[str], topic: str, timeout_s: float) -> None:
         try:
@@ -170,16 +178,20 @@ class DistWorld:
 
     def allgather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any]:
         """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order."""
-        self.store.set(self._key(topic, self.rank), json.dumps(payload))
-        keys = [self._key(topic, r) for r in range(self.world_size)]
+        keys, mine = self._post(topic, payload)
         self._wait(keys, topic, timeout_s)
-        return [json.loads(self.store.get(k)) for k in keys]
+        values = [json.loads(self.store.get(k)) for k in keys]
+        # every rank has now passed all earlier exchanges, so nobody will read our older keys again
+        for old in self._posted:
+            self.store.delete_key(old)
+        self._posted = [mine]
+        return values
 
     def gather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any] | None:
         """Like allgather_json, but only rank 0 waits and receives; the others get None."""
-        self.store.set(self._key(topic, self.rank), json.dumps(payload))
+        keys, mine = self._post(topic, payload)
+        self._posted.append(mine)
         if self.rank != 0:
             return None
-        keys = [self._key(topic, r) for r in range(self.world_size)]
         self._wait(keys, topic, timeout_s)
         return [json.loads(self.store.get(k)) for k in keys]

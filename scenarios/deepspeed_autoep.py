@@ -17,8 +17,9 @@ Layouts (``edp`` x ``ep`` mesh; experts are separate parameters, one module each
 Parameters are dressed as DeepSpeed dresses them: experts get ``allreduce = False`` and
 ``group_name = "ep_size_<k>"``; dense parameters carry no mark.
 
-Two clips, in our own code: ``deepspeed-style`` (local root, then the mean over the world) and
-``deepspeed-style-repaired`` (sum |g|^p / replica count from the marks, one reduction, one root).
+Two clips, in our own code: ``deepspeed-style`` (local root, then the mean over the world; the same
+function as the ``mutant-local-root-mean`` positive control) and ``deepspeed-style-repaired``
+(sum |g|^p / replica count from the marks, one reduction, one root).
 """
 
 from __future__ import annotations
@@ -28,19 +29,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from harness.case import Variant, declared_from_layout
-from harness.clipmath import (
-    clip_coefficient,
-    collective_device,
-    combine,
-    is_inf_norm,
-    pow_sum,
-    reduce_root_and_clip,
-    root,
-    scale_grads_,
-    trainable_with_grads,
-)
+from harness.clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
 from harness.injection import Injection
 from harness.layout import Layout, MeshSpec, param
+from harness.mutants import local_root_mean
 from harness.scenario import Scenario, ScenarioOptions, ep_sizes_for
 from harness.targets import Target
 
@@ -108,21 +100,7 @@ class DeepSpeedAutoEP(Scenario):
                 p.group_name = f"ep_size_{variant.ep_size}"
 
 
-# -- the clips under test: our model of DeepSpeed's fp32 path, and its repair ------------------------------
-def deepspeed_style_clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """DeepSpeed-style fp32 clip: rank-local root, then the mean of local norms over the world."""
-    params = trainable_with_grads(model)
-    local = 0.0
-    for _, p in params:
-        local = combine(local, pow_sum(p.grad, norm_type), norm_type)
-    world = dist.get_world_size()
-    mean = torch.tensor(root(local, norm_type) / world, dtype=torch.float64, device=collective_device())
-    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-    total = float(mean)
-    scale_grads_((p for _, p in params), clip_coefficient(max_norm, total))
-    return torch.tensor(total, dtype=torch.float64)
-
-
+# -- the clips under test: DeepSpeed's fp32 arithmetic (a shared mutant) and its repair -------------------
 def _replica_count(p: nn.Parameter, world: int) -> int:
     """From the DeepSpeed marks: experts live on world / ep_size ranks, dense ones on all."""
     if getattr(p, "allreduce", True) is False:
@@ -135,10 +113,7 @@ def deepspeed_style_repaired_clip(model: nn.Module, *, max_norm: float, norm_typ
     """The repair: sum |g|^p / replica count (from the marks), one all-reduce, one root."""
     params = trainable_with_grads(model)
     world = dist.get_world_size()
-    local = 0.0
-    for _, p in params:
-        part = pow_sum(p.grad, norm_type)
-        local = combine(local, part if is_inf_norm(norm_type) else part / _replica_count(p, world), norm_type)
+    local = weighted_partial(params, norm_type, lambda _, p: _replica_count(p, world))
     norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     return torch.tensor(norm, dtype=torch.float64)
 
@@ -146,7 +121,8 @@ def deepspeed_style_repaired_clip(model: nn.Module, *, max_norm: float, norm_typ
 DeepSpeedAutoEP.targets = {
     t.name: t
     for t in (
-        Target("deepspeed-style", deepspeed_style_clip, deepspeed_style_clip.__doc__.strip(),
+        Target("deepspeed-style", local_root_mean.clip,
+               "DeepSpeed-style fp32 clip: rank-local root, then the mean of local norms over the world.",
                origin="scenario deepspeed_autoep"),
         Target("deepspeed-style-repaired", deepspeed_style_repaired_clip,
                deepspeed_style_repaired_clip.__doc__.strip(), origin="scenario deepspeed_autoep"),

@@ -6,7 +6,7 @@ without launching anything."""
 import pytest
 
 from harness.cli import main
-from launch import run_cli
+from harness_runs import run_cli
 
 
 def test_list_shows_scenarios_and_targets():

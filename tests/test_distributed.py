@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from launch import run_harness
+from harness_runs import run_harness
 
 pytestmark = pytest.mark.distributed
 

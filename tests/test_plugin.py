@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launch import ROOT
+from harness_runs import ROOT
 
 
 

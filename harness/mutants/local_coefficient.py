@@ -1,0 +1,36 @@
+"""Clip coefficient from the local norm: the reported norm is global, the scaling is not.
+
+The global norm is computed (and logged) correctly, but each rank scales its gradients by
+max_norm / (its own local norm), so replicas and shards are clipped by different factors
+(the per-stage clip of torchtitan #596 and xorl's PP path).
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..clipmath import (
+    clip_coefficient,
+    collective_device,
+    combine,
+    pow_sum,
+    reduce_op,
+    root,
+    scale_grads_,
+    trainable_with_grads,
+    weighted_partial,
+)
+from ..context import context
+
+
+def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    ctx = context(model)
+    params = trainable_with_grads(model)
+    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
+    total = torch.tensor(local, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(total, op=reduce_op(norm_type))
+    own = 0.0
+    for _, p in params:
+        own = combine(own, pow_sum(p.grad, norm_type), norm_type)
+    scale_grads_((p for _, p in params), clip_coefficient(max_norm, root(own, norm_type)))
+    return torch.tensor(root(float(total), norm_type), dtype=torch.float64)

@@ -1,0 +1,129 @@
+"""Replay blobs: one drawn case (layout, plan, gradients, norm, bound, target, world size) in a
+single copy-pasteable token, so a shrunk fuzz failure is one command away from being rerun.
+
+    python -m harness --replay <blob>                               # starts the ranks it needs
+    torchrun --nproc_per_node=N -m harness --replay <blob>          # or under torchrun
+
+The blob is zlib-compressed JSON in URL-safe base64; nothing in it is executed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import sys
+import zlib
+from typing import Any
+
+from .case import CaseSpec, Variant
+from .injection import Injection
+from .layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
+from .plan import Plan, UsageError
+from .registry import registered_targets
+from .strategies import DrawnCase, DrawnScenario
+from .targets import resolve_target
+
+_PREFIX = "cc1."
+
+
+def _placement(p: Placement) -> Any:
+    return p.dim if isinstance(p, Shard) else "R"
+
+
+def _unplacement(x: Any) -> Placement:
+    return Replicate() if x == "R" else Shard(int(x))
+
+
+def _num(x: float) -> Any:
+    return x if math.isfinite(x) else str(x)
+
+
+def encode(drawn: DrawnCase, target: str) -> str:
+    variant = drawn.variant
+    layout, injection = variant.layout, variant.injection
+    doc = {
+        "world": drawn.world_size,
+        "target": target,
+        "norm": _num(drawn.norm_type),
+        "max_norm": drawn.max_norm,
+        "label": variant.label,
+        "mesh": [list(d) for d in layout.mesh.dims],
+        "params": [
+            [s.name, list(s.shape), {d: _placement(p) for d, p in s.placements},
+             None if s.present_ranks is None else sorted(s.present_ranks), s.trainable]
+            for s in layout
+        ],
+        "declared": {n: {d: _placement(p) for d, p in dims.items()} for n, dims in variant.declared.items()},
+        "injection": {
+            "seed": injection.seed, "dtype": injection.dtype, "scale": injection.scale,
+            "zero": sorted(injection.zero), "none_on": {n: sorted(r) for n, r in injection.none_on},
+            "nonfinite": [list(x) for x in injection.nonfinite],
+        },
+    }
+    raw = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 9)
+    return _PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode(blob: str) -> tuple[DrawnCase, str]:
+    """The drawn case and target a blob holds; UsageError for anything that is not a valid blob."""
+    try:
+        if not blob.startswith(_PREFIX):
+            raise ValueError("unknown format")
+        body = blob[len(_PREFIX):]
+        doc = json.loads(zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))))
+        mesh = MeshSpec(tuple((str(n), int(s)) for n, s in doc["mesh"]))
+        params = tuple(
+            ParamSpec(name, tuple(shape), tuple((d, _unplacement(p)) for d, p in placements.items()),
+                      None if present is None else frozenset(present), trainable)
+            for name, shape, placements, present, trainable in doc["params"]
+        )
+        inj = doc["injection"]
+        injection = Injection(seed=inj["seed"], dtype=inj["dtype"], scale=inj["scale"], zero=frozenset(inj["zero"]),
+                              none_on={n: frozenset(r) for n, r in inj["none_on"].items()},
+                              nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
+        declared = {n: {d: _unplacement(p) for d, p in dims.items()} for n, dims in doc["declared"].items()}
+        variant = Variant(doc["label"], Layout(mesh, params), injection, declared)
+        drawn = DrawnCase(variant, float(doc["norm"]), float(doc["max_norm"]), int(doc["world"]))
+        return drawn, str(doc["target"])
+    except LayoutError as exc:
+        raise UsageError(f"replay blob describes an invalid case: {exc}") from None
+    except (ValueError, KeyError, TypeError, zlib.error, json.JSONDecodeError) as exc:
+        raise UsageError(f"not a replay blob ({exc.__class__.__name__}: {exc})") from None
+
+
+def case_spec(drawn: DrawnCase, target: str, index: int = 0) -> CaseSpec:
+    return CaseSpec(index, DrawnScenario.name, drawn.variant, target, drawn.norm_type, drawn.max_norm)
+
+
+def replay_plan(blob: str, world_size: int) -> Plan:
+    """A one-case plan for a torchrun launch of exactly the world size the case needs."""
+    drawn, target = decode(blob)
+    if world_size != drawn.world_size:
+        raise UsageError(f"this case needs {drawn.world_size} ranks, the launch has {world_size}: "
+                         f"use torchrun --nproc_per_node={drawn.world_size}, or no launcher at all")
+    resolved = resolve_target(target, registered_targets())
+    return Plan(cases=[case_spec(drawn, target)], scenarios={DrawnScenario.name: DrawnScenario()},
+                targets={target: resolved})
+
+
+def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: str | None, verbose: bool) -> int:
+    """Start the ranks the case needs, run it, report it like a torchrun launch would."""
+    from .pool import RankPool
+    from .pooled import run_case_on_pool
+    from .report import Reporter
+
+    drawn, target = decode(blob)
+    resolve_target(target, registered_targets())  # a clear error before any process starts
+    reporter = Reporter(sys.stdout, json_path, drawn.world_size, backend or "gloo", verbose)
+    with RankPool(drawn.world_size, backend=backend, timeout_s=timeout_s) as pool:
+        reporter.header(1, [f"replaying a drawn case on a fresh world of {drawn.world_size} rank(s)"])
+        result = run_case_on_pool(pool, case_spec(drawn, target), DrawnScenario())
+        reporter.case(result)
+        ok = reporter.summary([result], [])
+    reporter.close()
+    return 0 if ok else 1
+
+
+def replay_command(drawn: DrawnCase, target: str) -> str:
+    return f"{sys.executable} -m harness --replay {encode(drawn, target)}"

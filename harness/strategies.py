@@ -1,0 +1,141 @@
+"""Hypothesis strategies that draw whole cases: a mesh, parameters of several kinds placed on it, a
+framework plan that may lie about them, and gradients with the awkward properties real runs have.
+
+    from hypothesis import given
+    from harness.strategies import drawn_cases
+
+    @given(drawn_cases(world_size=4))
+    def test_my_clip(drawn): ...          # drawn.variant, drawn.norm_type, drawn.max_norm
+
+Everything is drawn in the controlling process and is plain data (a ``Variant``), so it can be sent
+to the ranks of a warm world, shrunk by hypothesis, and encoded into a replay blob.
+
+What gets drawn:
+
+* a mesh ``(fsdp, ep, tp)`` whose sizes multiply to the world size (sizes of 1 included);
+* 1 to 5 parameters, each one of: a dense matrix (FSDP-sharded or replicated, TP-sharded or
+  TP-replicated), stacked experts ``[E, a, b]`` sharded over ``ep``, a shared LoRA factor
+  ``[1, a, b]`` replicated over ``ep``, or a per-expert module living only on the ranks of its owner
+  (DeepSpeed style); sometimes every expert module belongs to one EP rank, so the others own none;
+* which parameters the framework's plan enumerates: the others get a fallback ``Replicate`` on ``ep``;
+* experts whose gradient is None (no tokens), all-zero gradients, a NaN or inf element;
+* dtype, norm type, and a clip bound below or above the true norm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from .case import DeclaredPlan, Variant
+from .injection import Injection
+from .layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param
+from .oracle import constructive_norm
+from .scenario import Scenario, ScenarioOptions
+
+KINDS = ("dense", "experts", "shared_lora", "expert_module")
+NORM_TYPES = (2.0, 1.0, math.inf, 3.0)
+DTYPES = ("fp32", "fp32", "bf16", "fp16", "fp64")
+CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0)
+
+
+@dataclass(frozen=True)
+class DrawnCase:
+    """A drawn layout variant, norm type and clip bound (the target is chosen by the caller)."""
+
+    variant: Variant
+    norm_type: float
+    max_norm: float
+    world_size: int
+
+
+class DrawnScenario(Scenario):
+    """The scenario drawn cases belong to: the generic model, no framework dressing."""
+
+    name = "fuzz"
+    summary = "layouts drawn by hypothesis (harness.strategies)"
+
+    def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
+        return []
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@st.composite
+def meshes(draw: Any, world_size: int) -> MeshSpec:
+    ep = draw(st.sampled_from(_divisors(world_size)))
+    tp = draw(st.sampled_from(_divisors(world_size // ep)))
+    return MeshSpec.of(fsdp=world_size // (ep * tp), ep=ep, tp=tp)
+
+
+@st.composite
+def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int | None) -> ParamSpec:
+    """One parameter of a drawn kind; ``owner`` pins every expert module to one EP coordinate."""
+    fsdp, ep, tp = mesh.size("fsdp"), mesh.size("ep"), mesh.size("tp")
+    kind = draw(st.sampled_from(KINDS))
+    # at least 2 x 2 elements per local slice: distinct slices then differ in some element even in
+    # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
+    a = fsdp * draw(st.integers(2, 3))
+    b = tp * draw(st.integers(2, 3))
+    shard_or_rep = lambda dim: st.sampled_from([Shard(dim), Replicate()])  # noqa: E731
+    if kind == "dense":
+        return param(f"dense{index}", (a, b), fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
+    if kind == "experts":
+        return param(f"experts{index}", (experts, a, b), ep=Shard(0), fsdp=draw(shard_or_rep(1)),
+                     tp=draw(shard_or_rep(2)))
+    if kind == "shared_lora":
+        return param(f"lora_shared{index}", (1, a, b), fsdp=draw(shard_or_rep(1)))
+    home = owner if owner is not None else draw(st.integers(0, ep - 1))
+    return param(f"expert_module{index}", (a, b), present_ranks=mesh.ranks_where(ep=home),
+                 fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
+
+
+@st.composite
+def layouts(draw: Any, world_size: int) -> tuple[Layout, DeclaredPlan]:
+    """A layout and the framework's declared plan for it (true where enumerated, else fallback)."""
+    mesh = draw(meshes(world_size))
+    experts = mesh.size("ep") * draw(st.integers(1, 2))
+    owner = 0 if draw(st.booleans()) and mesh.size("ep") > 1 else None
+    count = draw(st.integers(1, 5))
+    specs = tuple(draw(param_specs(mesh, i, experts, owner)) for i in range(count))
+    layout = Layout(mesh, specs)
+    declared: dict[str, dict[str, Placement]] = {}
+    for spec in layout:
+        truth = {dim: spec.placement(dim) for dim in mesh.names}
+        if not draw(st.booleans()):  # not enumerated by the plan: the fallback placement on ep
+            truth["ep"] = Replicate()
+        declared[spec.name] = truth
+    return layout, declared
+
+
+@st.composite
+def injections(draw: Any, layout: Layout, seed: int = 0) -> Injection:
+    names = [s.name for s in layout.trainable]
+    none_on = {}
+    for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
+        none_on[name] = frozenset({draw(st.integers(0, layout.mesh.world_size - 1))})
+    zero = draw(st.lists(st.sampled_from(names), max_size=1, unique=True))
+    nonfinite = []
+    if draw(st.integers(0, 3)) == 0:
+        name = draw(st.sampled_from(names))
+        flat = draw(st.integers(0, layout.param(name).numel - 1))
+        nonfinite.append((name, flat, draw(st.sampled_from(["nan", "inf", "-inf"]))))
+    return Injection(seed=seed, dtype=draw(st.sampled_from(DTYPES)), zero=frozenset(zero),
+                     none_on=none_on, nonfinite=tuple(nonfinite))
+
+
+@st.composite
+def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
+    layout, declared = draw(layouts(world_size))
+    injection = draw(injections(layout, seed=draw(st.integers(0, 2**16))))
+    norm_type = draw(st.sampled_from(NORM_TYPES))
+    truth = constructive_norm(layout, injection, norm_type)
+    factor = draw(st.sampled_from(CLIP_FACTORS))
+    max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0
+    variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared)
+    return DrawnCase(variant, norm_type, max_norm, world_size)

@@ -1,0 +1,90 @@
+"""Fuzzing: the strategies draw valid cases, every mutant is found within a fixed budget while the
+reference survives it, failures shrink to a minimal case, and the replay blob reproduces it."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+
+from harness.fuzz import describe, fuzz
+from harness.injection import local_grad
+from harness.mutants import MUTANTS
+from harness.replay import decode, encode
+from harness.strategies import drawn_cases
+from harness_runs import run_cli
+
+BUDGET = 60
+WORLD = 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(drawn_cases(world_size=WORLD))
+def test_drawn_cases_are_valid_and_round_trip_through_a_blob(drawn):
+    layout = drawn.variant.layout
+    layout.check_world(WORLD)
+    assert drawn.max_norm > 0
+    for spec in layout.trainable:
+        for rank in range(WORLD):
+            box = layout.local_box(spec, rank)
+            if box is not None:
+                assert math.prod(b - a for a, b in box) >= 4  # no 1-element slices that could collide
+    again, target = decode(encode(drawn, "reference"))
+    assert target == "reference"
+    assert again.variant.layout == layout and again.variant.injection == drawn.variant.injection
+    assert dict(again.variant.declared) == dict(drawn.variant.declared)
+    assert (again.norm_type, again.max_norm, again.world_size) == (drawn.norm_type, drawn.max_norm, WORLD)
+    for spec in layout.trainable:
+        for rank in range(WORLD):
+            a = local_grad(layout, drawn.variant.injection, spec, rank)
+            b = local_grad(again.variant.layout, again.variant.injection, again.variant.layout.param(spec.name), rank)
+            assert (a is None) == (b is None)
+
+
+@pytest.fixture(scope="module")
+def world(request):
+    from harness.pool import RankPool
+
+    pool = RankPool(WORLD, timeout_s=20)
+    request.addfinalizer(pool.close)
+    return pool
+
+
+def test_reference_survives_the_budget(world):
+    report = fuzz("reference", world, BUDGET, derandomize=True, shrink=False)
+    assert report.passed and report.examples == BUDGET, describe(report)
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_every_mutant_is_found_within_the_budget(world, mutant):
+    report = fuzz(mutant, world, BUDGET, derandomize=True, shrink=False)
+    assert not report.passed, f"{mutant} survived {BUDGET} examples"
+    assert report.failed_at <= BUDGET and report.result is not None or report.crash
+
+
+def test_a_failure_is_shrunk_and_its_replay_reproduces_it(world, tmp_path):
+    report = fuzz("mutant-local-root-mean", world, BUDGET, derandomize=True)
+    assert not report.passed and report.shrink_steps > 0
+    minimal = report.minimal.variant.layout
+    assert len(minimal.params) == 1  # one parameter is enough to show a root taken before the mean
+    assert any("mean of the rank-local norms" in s for s in report.result.signature)
+    text = "\n".join(describe(report))
+    assert "replay: " in text and " -m harness --replay cc1." in text
+
+    blob = report.replay.split("--replay ", 1)[1]
+    proc = run_cli(["--replay", blob, "--json", str(tmp_path / "replay.jsonl")])
+    assert proc.returncode == 1, proc.stderr
+    assert "mutant-local-root-mean" in proc.stdout and "FAIL" in proc.stdout
+
+
+def test_fuzz_command_line(tmp_path):
+    found = run_cli(["fuzz", "--target", "mutant-inf-norm-summed", "--examples", "80", "--world", "2",
+                     "--seed", "3", "--no-shrink"])
+    assert found.returncode == 1 and "FAIL (first failure at example" in found.stdout
+    assert "replay: " in found.stdout
+    bad = run_cli(["fuzz", "--target", "nope"])
+    assert bad.returncode == 2 and "unknown target 'nope'" in bad.stderr
+
+
+def test_a_bad_blob_is_a_clean_error():
+    proc = run_cli(["--replay", "cc1.not-a-blob"])
+    assert proc.returncode == 2 and "not a replay blob" in proc.stderr and "Traceback" not in proc.stderr
