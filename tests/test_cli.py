@@ -27,7 +27,7 @@ def test_list_shows_scenarios_and_targets():
         (["--scenario", "nope"], "1", "unknown scenario 'nope'"),
         (["--scenario", "dense_dp", "--ep-size", "2"], "2", "--ep-size does not apply to dense_dp"),
         (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
-        (["--max-norm", "0"], "1", "--max-norm must be positive"),
+        (["--max-norm", "0"], "1", "max_norm must be positive"),
         (["--variant", "zzz"], "1", "matches no layout variant"),
         (["--backend", "nccl"], "1", "--backend nccl needs CUDA"),
     ],
@@ -56,7 +56,8 @@ def test_only_rank_zero_speaks(monkeypatch, capsys):
 def test_bad_input_in_a_real_process_has_no_traceback():
     proc = run_cli(["--scenario", "xorl_ep_lora", "--ep-size", "3"], {"WORLD_SIZE": "4", "RANK": "0"})
     assert proc.returncode == 2
-    assert proc.stderr == "clipcheck: error: xorl_ep_lora: ep_size 3 does not divide the world size 4\n"
+    assert proc.stderr == (
+        "clipcheck: error: no valid cases at world size 4: xorl_ep_lora: ep_size 3 does not divide the world size 4\n")
 
 
 def test_single_process_run_without_a_launcher():
