@@ -98,7 +98,12 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         if spec.variant:
             variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
         for variant in variants:
+            partial = any(spec.present_ranks is not None for spec in variant.layout)
             for target_name in targets_here:
+                if partial and plan.targets[target_name].dtensor_only:
+                    plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
+                                 f"{name} {variant.label} has parameters on some ranks only"] += 1
+                    continue
                 for norm_type in spec.norm_types or scenario.default_norm_types:
                     plan.cases.append(
                         CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm)

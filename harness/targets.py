@@ -26,10 +26,14 @@ ClipFn = Callable[..., Any]
 
 @dataclass(frozen=True)
 class Target:
+    """A clip function under test. ``dtensor_only``: it builds DTensors over the whole mesh, so a
+    layout with parameters on some ranks only is not a valid combination for it."""
+
     name: str
     fn: ClipFn
     summary: str
     origin: str = "built-in"
+    dtensor_only: bool = False
 
 
 def _local_views(model: nn.Module) -> list[nn.Parameter]:
@@ -77,7 +81,7 @@ BUILTIN_TARGETS: dict[str, Target] = {
         Target("torch", torch_local,
                "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)"),
         Target("torch-dtensor", torch_dtensor,
-               "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan"),
+               "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True),
     )
 }
 
