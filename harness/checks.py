@@ -232,7 +232,8 @@ def evaluate(
                 off = abs(c - expected) / expected
                 uniform = residual <= 8 * UNIT_ROUNDOFF[dtype]
                 if (off > ctol or not uniform) and (worst is None or off > worst[0]):
-                    how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
+                    how = (f"scaled by {c:.6g}" if uniform
+                           else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})")
                     worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
         if all_c:
             all_c.sort()

@@ -68,6 +68,11 @@ def collective_device() -> torch.device:
     return torch.device("cpu")
 
 
+def collective_scalar(value: float) -> torch.Tensor:
+    """A float64 scalar on the device the default group's backend reduces on."""
+    return torch.tensor(value, dtype=torch.float64, device=collective_device())
+
+
 def clip_coefficient(max_norm: float, total_norm: float) -> float:
     """min(1, max_norm / (total + eps)), as torch computes it; NaN when the norm is not finite."""
     if not math.isfinite(total_norm):

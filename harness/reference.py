@@ -19,9 +19,15 @@ from .clipmath import reduce_root_and_clip, trainable_with_grads, weighted_parti
 from .context import context
 
 
-def clip_grad_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def reference_partial(model: nn.Module, norm_type: float) -> tuple[list[tuple[str, nn.Parameter]], float]:
+    """The trainable parameters with gradients, and this rank's correctly de-duplicated share of the
+    global p-th power sum: the reference's first half. The mutants reuse it and go wrong afterwards."""
     ctx = context(model)
     params = trainable_with_grads(model)
-    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
+    return params, weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
+
+
+def clip_grad_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    params, local = reference_partial(model, norm_type)
     norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     return torch.tensor(norm, dtype=torch.float64)

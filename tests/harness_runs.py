@@ -63,7 +63,8 @@ def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 30
     return HarnessRun(proc.returncode, proc.stdout, proc.stderr, records)
 
 
-def run_cli(args: list[str], env_extra: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], env_extra: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -m harness`` without a launcher (world size from the environment, 1 by default)."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.update(env_extra or {})

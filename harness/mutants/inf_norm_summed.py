@@ -8,22 +8,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..clipmath import (
-    clip_coefficient,
-    collective_device,
-    root,
-    scale_grads_,
-    trainable_with_grads,
-    weighted_partial,
-)
-from ..context import context
+from ..clipmath import clip_coefficient, collective_scalar, root, scale_grads_
+from ..reference import reference_partial
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    ctx = context(model)
-    params = trainable_with_grads(model)
-    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
-    total = torch.tensor(local, dtype=torch.float64, device=collective_device())
+    params, local = reference_partial(model, norm_type)
+    total = collective_scalar(local)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)  # the mistake: SUM whatever the norm type
     norm = root(float(total), norm_type)
     scale_grads_((p for _, p in params), clip_coefficient(max_norm, norm))

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..clipmath import clip_coefficient, collective_device, combine, pow_sum, root, scale_grads_, trainable_with_grads
+from ..clipmath import clip_coefficient, collective_scalar, combine, pow_sum, root, scale_grads_, trainable_with_grads
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -16,8 +16,7 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.
     local = 0.0
     for _, p in params:
         local = combine(local, pow_sum(p.grad, norm_type), norm_type)
-    mean = torch.tensor(root(local, norm_type) / dist.get_world_size(), dtype=torch.float64,
-                        device=collective_device())
+    mean = collective_scalar(root(local, norm_type) / dist.get_world_size())
     dist.all_reduce(mean, op=dist.ReduceOp.SUM)
     total = float(mean)
     scale_grads_((p for _, p in params), clip_coefficient(max_norm, total))

@@ -8,14 +8,12 @@ error_if_nonfinite evaluated per rank instead of on the reduced norm).
 import torch
 import torch.nn as nn
 
-from ..clipmath import local_tensor, reduce_root_and_clip, trainable_with_grads, weighted_partial
-from ..context import context
+from ..clipmath import local_tensor, reduce_root_and_clip
+from ..reference import reference_partial
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    ctx = context(model)
-    params = trainable_with_grads(model)
-    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
+    params, local = reference_partial(model, norm_type)
     norm = reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type)
     if any(not bool(torch.isfinite(local_tensor(p.grad)).all()) for _, p in params):
         raise RuntimeError("non-finite gradient on this rank; skipping the step")
