@@ -160,7 +160,7 @@ def _merge(launches: list[Launch], out: Path) -> int:
     print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
           f"{'ratio':<10}verdict")
     for r in cases:
-        ratio = r["ratio"] if isinstance(r["ratio"], str) or r["ratio"] is None else f"{r['ratio']:.6f}"
+        ratio = "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
         print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
               f"{_norm(r):<6}{r['dtype']:<6}{str(ratio):<10}{r['verdict']}")
     failed = [r for r in cases if r["verdict"] != "PASS"]
