@@ -56,7 +56,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class CaseSpec:
-    """A variant run against one target with one norm type and clip bound."""
+    """A variant run against one target with one norm type and clip bound; a case whose target or
+    scenario needs a framework that is not installed is planned anyway, as a skip with the reason."""
 
     index: int
     scenario: str
@@ -64,6 +65,7 @@ class CaseSpec:
     target: str
     norm_type: float
     max_norm: float
+    skip: str | None = None  # why this case cannot run here (a framework it needs is missing)
 
     @property
     def layout(self) -> Layout:

@@ -90,7 +90,7 @@ class Check:
 @dataclass
 class CaseResult:
     case: CaseSpec
-    verdict: str  # PASS | FAIL | ERROR (harness error)
+    verdict: str  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
     truth: float
     measured_truth: float
     reported: list[float | None]
@@ -282,3 +282,20 @@ def evaluate(
         seconds=max(float(r["seconds"]) for r in records),
         errors=errors,
     )
+
+
+def skipped_result(case: CaseSpec) -> CaseResult:
+    """A case that cannot run here: reported with its reason, counted neither as pass nor as fail."""
+    return CaseResult(case=case, verdict="SKIP", truth=math.nan, measured_truth=math.nan, reported=[],
+                      checks=[Check("skip", True, case.skip or "")], signature=[], placements={}, mismatches=[],
+                      coefficient=None, seconds=0.0)
+
+
+def setup_failed_result(case: CaseSpec, truth: float, errors: Sequence[str | None], seconds: float) -> CaseResult:
+    """The framework's own setup (its dress step) raised: the clip was never reached."""
+    raised = [r for r, e in enumerate(errors) if e is not None]
+    primary = [r for r in raised if not _collateral(errors[r])] or raised
+    detail = "; ".join(f"rank {r}: {errors[r]}" for r in primary[:2])
+    return CaseResult(case=case, verdict="FAIL", truth=truth, measured_truth=math.nan, reported=[None] * len(errors),
+                      checks=[Check("setup", False, f"the framework setup raised: {detail}")], signature=[],
+                      placements={}, mismatches=[], coefficient=None, seconds=seconds, errors=list(errors))

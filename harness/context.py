@@ -7,8 +7,8 @@ framework would know (its mesh, its process groups, its own parallel plan) is re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .case import CaseSpec, DeclaredPlan
 from .layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
+
+if TYPE_CHECKING:
+    from .world import DistWorld
 
 _ATTRIBUTE = "_clipcheck_context"
 
@@ -39,6 +42,8 @@ class CaseContext:
     device: torch.device
     mesh: DeviceMesh
     groups: Mapping[str, dist.ProcessGroup]
+    world: "DistWorld | None" = None
+    extras: dict = field(default_factory=dict)  # what a target's dress() leaves for its clip call
 
     @property
     def layout(self) -> Layout:
@@ -58,6 +63,12 @@ class CaseContext:
 
     def group_size(self, dim: str) -> int:
         return self.mesh_spec.size(dim) if self.mesh_spec.has(dim) else 1
+
+    def group_over(self, dims: tuple[str, ...]) -> dist.ProcessGroup:
+        """A process group spanning several mesh dims at once (e.g. ``("ep", "tp")`` for an expert
+        model-parallel group). Built on first use and cached; every rank must ask in the same order."""
+        assert self.world is not None, "group_over needs a harness world"
+        return self.world.group_over(self.mesh_spec, dims)
 
     def param_spec(self, name: str) -> ParamSpec:
         return self.layout.param(name)

@@ -42,6 +42,7 @@ def junit_xml(records: Iterable[dict[str, Any]]) -> str:
             failures=str(sum(r["verdict"] == "FAIL" for r in cases) + sum(not r["passed"] for r in recs
                                                                           if r["type"] == "metamorphic")),
             errors=str(sum(r["verdict"] == "ERROR" for r in cases)),
+            skipped=str(sum(r["verdict"] == "SKIP" for r in cases)),
             time=f"{sum(float(r.get('seconds', 0)) for r in cases):.3f}",
         )
         for rec in recs:
@@ -53,6 +54,8 @@ def junit_xml(records: Iterable[dict[str, Any]]) -> str:
                         n for n, c in rec["checks"].items() if not c["passed"])).text = _failure_text(rec)
                 elif rec["verdict"] == "ERROR":
                     ET.SubElement(tc, "error", message="harness error").text = _failure_text(rec)
+                elif rec["verdict"] == "SKIP":
+                    ET.SubElement(tc, "skipped", message=rec.get("skip_reason") or "skipped")
             else:
                 tc = ET.SubElement(suite, "testcase", classname=f"clipcheck.{rec['scenario']}.metamorphic",
                                    name=f"{rec['target']} {rec['norm']} {rec['dtype']} [{rec['invariance_key']}]")

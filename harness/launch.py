@@ -163,7 +163,8 @@ def _merge(launches: list[Launch], out: Path) -> int:
         ratio = "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
         print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
               f"{_norm(r):<6}{r['dtype']:<6}{str(ratio):<10}{r['verdict']}")
-    failed = [r for r in cases if r["verdict"] != "PASS"]
+    failed = [r for r in cases if r["verdict"] in ("FAIL", "ERROR")]
+    skipped = sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"})
     meta_failed = [m for m in meta if not m["passed"]]
     crashed = [launch for launch in launches if launch.returncode not in (0, 1)]
     if failed:
@@ -179,9 +180,12 @@ def _merge(launches: list[Launch], out: Path) -> int:
     for launch in crashed:
         print(f"  launch world {launch.world_size} {launch.backend} crashed (exit {launch.returncode}); "
               f"see {launch.log}")
+    for reason in skipped:
+        print(f"  skipped: {reason}")
     ok = not failed and not meta_failed and not crashed
-    print(f"\nmatrix: {len(launches)} launches, {len(cases)} cases, {len(cases) - len(failed)} passed, "
-          f"{len(failed)} failed; metamorphic {len(meta)} groups, {len(meta_failed)} failed; "
+    n_skipped = sum(r["verdict"] == "SKIP" for r in cases)
+    print(f"\nmatrix: {len(launches)} launches, {len(cases)} cases, {len(cases) - len(failed) - n_skipped} passed, "
+          f"{len(failed)} failed, {n_skipped} skipped; metamorphic {len(meta)} groups, {len(meta_failed)} failed; "
           f"{len(crashed)} launches crashed => {'PASS' if ok else 'FAIL'}")
     print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
     return 0 if ok else (3 if crashed else 1)

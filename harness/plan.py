@@ -87,9 +87,8 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         targets_here = []
         for target_name in spec.targets or scenario.default_targets:
             resolved = plan.targets.setdefault(target_name, resolve_target(target_name, registered))
-            owner = _owning_scenario(resolved)
-            if owner is not None and owner != name:
-                plan.dropped[f"target {target_name} models scenario {owner}, not {name}"] += 1
+            if resolved.scenarios is not None and name not in resolved.scenarios:
+                plan.dropped[f"target {target_name} runs with {', '.join(resolved.scenarios)}, not {name}"] += 1
                 continue
             targets_here.append(target_name)
         if not targets_here:
@@ -104,18 +103,15 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                     plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
                                  f"{name} {variant.label} has parameters on some ranks only"] += 1
                     continue
+                skip = (scenario.requires.unavailable() if scenario.requires else None) or \
+                    plan.targets[target_name].unavailable()
                 for norm_type in spec.norm_types or scenario.default_norm_types:
                     plan.cases.append(
-                        CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm)
+                        CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm, skip)
                     )
     if spec.variant and not plan.cases:
         raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
     return plan
-
-
-def _owning_scenario(resolved: Target) -> str | None:
-    prefix = "scenario "
-    return resolved.origin[len(prefix):] if resolved.origin.startswith(prefix) else None
 
 
 def _variants(scenario: Scenario, spec: MatrixSpec, world_size: int, plan: Plan) -> list[Variant]:

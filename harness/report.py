@@ -63,6 +63,7 @@ def case_json(result: CaseResult, world_size: int, backend: str) -> dict[str, An
         "measured_placements": result.placements,
         "declared_mismatches": result.mismatches,
         "invariance_key": case.variant.invariance_key,
+        "skip_reason": case.skip,
         "seconds": result.seconds,
     }
 
@@ -134,6 +135,8 @@ class Reporter:
         )
         for check in result.failed:
             self._print(f"    {check.name}: {check.detail}")
+        if result.verdict == "SKIP":
+            self._print(f"    skipped: {case.skip}")
         for line in result.signature:
             self._print(f"      signature: {line}")
         self._write_json(case_json(result, self.world_size, self.backend))
@@ -156,14 +159,16 @@ class Reporter:
         passed = sum(r.verdict == "PASS" for r in results)
         failed = sum(r.verdict == "FAIL" for r in results)
         errors = sum(r.verdict == "ERROR" for r in results)
+        skipped = sum(r.verdict == "SKIP" for r in results)
         meta_failed = sum(not g.passed for g in groups)
         ok = failed == 0 and errors == 0 and meta_failed == 0
         self._print(
-            f"summary: {len(results)} cases, {passed} passed, {failed} failed, {errors} harness errors; "
+            f"summary: {len(results)} cases, {passed} passed, {failed} failed, {errors} harness errors, "
+            f"{skipped} skipped; "
             f"metamorphic groups: {len(groups)}, {meta_failed} failed => {'PASS' if ok else 'FAIL'}"
         )
         self._write_json({"type": "summary", "cases": len(results), "passed": passed, "failed": failed,
-                          "harness_errors": errors, "metamorphic_groups": len(groups),
+                          "harness_errors": errors, "skipped": skipped, "metamorphic_groups": len(groups),
                           "metamorphic_failed": meta_failed, "ok": ok})
         return ok
 

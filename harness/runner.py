@@ -4,8 +4,8 @@ Every rank executes the same collectives in the same order whatever the function
 
 1. build the EP-local model, dress it, inject gradients, snapshot them;
 2. measure ground truth (private groups): one stats all-reduce + MAX/MIN per mesh dim + one merge;
-3. call the target, guarded: an exception is caught, and the rank tears its groups down at once so
-   peers blocked on it fail fast; a Python-level hang is ended by faulthandler after a deadline;
+3. call the target, guarded (``_guarded``); a target with a framework setup (``dress``) gets the same
+   guard around it, before the gradients are injected;
 4. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
 5. measure replication again on the clipped gradients; compute local checks;
 6. send the rank's record to rank 0 through the store; rank 0 judges the case.
@@ -17,26 +17,17 @@ import faulthandler
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-import torch
 
 from .case import CaseSpec
-from .checks import CaseResult, applied_coefficients, evaluate
+from .checks import CaseResult, applied_coefficients, evaluate, setup_failed_result, skipped_result
 from .context import CaseContext, attach
 from .model import local_grads
 from .oracle import constructive_norm, gather_stats, measure_replication, measured_norm
 from .scenario import Scenario
 from .targets import Target, reported_value
 from .world import DistWorld
-
-
-@dataclass
-class TargetOutcome:
-    reported: float | None
-    error: str | None
-    seconds: float
 
 
 def _describe_exception(exc: BaseException) -> str:
@@ -46,33 +37,52 @@ def _describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message[:300]}{where}"
 
 
-def call_target(target: Target, model: torch.nn.Module, case: CaseSpec, world: DistWorld) -> TargetOutcome:
-    """Call the function under test; never let its failure leave this rank out of step."""
-    deadline = 2 * world.timeout_s + 30
-    faulthandler.dump_traceback_later(deadline, exit=True, file=sys.stderr)
+def _guarded(world: DistWorld, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
+    """Run a piece of the function under test (or its framework's setup) on this rank without
+    letting a failure leave the rank out of step: an exception is caught and the rank abandons its
+    groups at once, so peers blocked in a collective with it fail fast; a Python-level hang is ended
+    by faulthandler after a deadline, with every thread's stack on stderr."""
+    faulthandler.dump_traceback_later(2 * world.timeout_s + 30, exit=True, file=sys.stderr)
     start = time.perf_counter()
     try:
-        value = target.fn(model, max_norm=case.max_norm, norm_type=case.norm_type)
-        return TargetOutcome(reported_value(value), None, time.perf_counter() - start)
-    except Exception as exc:  # the function under test may raise anything
-        outcome = TargetOutcome(None, _describe_exception(exc), time.perf_counter() - start)
-        world.abandon()  # peers blocked in a collective with us get an error now, not at the timeout
-        return outcome
+        return fn(), None, time.perf_counter() - start
+    except Exception as exc:  # the code under test may raise anything
+        world.abandon()
+        return None, _describe_exception(exc), time.perf_counter() - start
     finally:
         faulthandler.cancel_dump_traceback_later()
 
 
+def _agree_on_errors(world: DistWorld, topic: str, error: str | None) -> list[str | None]:
+    """Every rank learns every rank's error (through the store); after any, a fresh generation."""
+    errors = [s["error"] for s in world.allgather_json(topic, {"error": error}, 2 * world.timeout_s + 60)]
+    if any(e is not None for e in errors):
+        world.regenerate()
+    return errors
+
+
 def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target) -> CaseResult | None:
     """Run ``case`` on this rank; rank 0 returns the judged result, the other ranks None."""
+    if case.skip is not None:
+        return skipped_result(case) if world.rank == 0 else None
     variant = case.variant
     layout = variant.layout
     names = [spec.name for spec in layout.trainable]
     groups = world.mesh(layout.mesh)
 
     model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)
-    attach(model, CaseContext(case, world.rank, world.world_size, world.device,
-                              groups.device_mesh, groups.target_groups))
+    ctx = CaseContext(case, world.rank, world.world_size, world.device, groups.device_mesh, groups.target_groups,
+                      world)
+    attach(model, ctx)
     scenario.dress(model, variant)
+    if target.dress is not None:
+        _, error, seconds = _guarded(world, lambda: target.dress(model, ctx))
+        errors = _agree_on_errors(world, "dress", error)
+        if any(e is not None for e in errors):
+            if world.rank != 0:
+                return None
+            return setup_failed_result(case, constructive_norm(layout, variant.injection, case.norm_type),
+                                       errors, seconds)
     scenario.inject(model, variant, world.rank)
     pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
 
@@ -80,12 +90,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     pre_rep = measure_replication(names, pre, stats, layout.mesh, groups.harness_groups, world.harness_world,
                                   world.device)
 
-    outcome = call_target(target, model, case, world)
-    wait_s = 2 * world.timeout_s + 60
-    statuses = world.allgather_json(f"case{case.index}/status",
-                                    {"error": outcome.error}, wait_s)
-    if any(s["error"] is not None for s in statuses):
-        world.regenerate()
+    value, error, seconds = _guarded(
+        world, lambda: reported_value(target.fn(model, max_norm=case.max_norm, norm_type=case.norm_type)))
+    if any(e is not None for e in _agree_on_errors(world, "status", error)):
         groups = world.mesh(layout.mesh)
 
     post = local_grads(model, names)
@@ -94,12 +101,12 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     post_rep = measure_replication(names, post, post_stats, layout.mesh, groups.harness_groups,
                                    world.harness_world, world.device)
     record: dict[str, Any] = {
-        "reported": outcome.reported,
-        "error": outcome.error,
-        "seconds": outcome.seconds,
+        "reported": value,
+        "error": error,
+        "seconds": seconds,
         "local": applied_coefficients(pre, post),
     }
-    records = world.gather_json(f"case{case.index}/record", record, wait_s)
+    records = world.gather_json("record", record, 2 * world.timeout_s + 60)
     if records is None:
         return None
     truth = constructive_norm(layout, variant.injection, case.norm_type)

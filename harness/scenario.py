@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from .case import Variant
+from .frameworks import Framework
 from .layout import LayoutError
 from .model import build_model, inject_grads
 from .targets import Target
@@ -37,6 +38,7 @@ class Scenario(ABC):
     default_targets: ClassVar[tuple[str, ...]] = ("reference",)
     default_norm_types: ClassVar[tuple[float, ...]] = (2.0,)
     targets: ClassVar[Mapping[str, Target]] = {}
+    requires: ClassVar[Framework | None] = None  # a framework the model is built with, if any
 
     @abstractmethod
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from . import reference
 from .clipmath import local_tensor, trainable_with_grads
 from .context import context
+from .frameworks import Framework
 from .loading import LoadError, is_reference, load_object
 from .model import torch_placements
 
@@ -26,14 +27,28 @@ ClipFn = Callable[..., Any]
 
 @dataclass(frozen=True)
 class Target:
-    """A clip function under test. ``dtensor_only``: it builds DTensors over the whole mesh, so a
-    layout with parameters on some ranks only is not a valid combination for it."""
+    """A clip function under test, and what it needs.
+
+    * ``scenarios``: the only scenarios it can run with (it models their framework), None for any.
+    * ``dtensor_only``: it builds DTensors over the whole mesh, so a layout with parameters on some
+      ranks only is not a valid combination for it.
+    * ``requires``: a third-party framework; where it is missing, the target's cases are skipped.
+    * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
+      model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
+      parameters, as long as names and local shapes stay those of the layout.
+    """
 
     name: str
     fn: ClipFn
     summary: str
     origin: str = "built-in"
     dtensor_only: bool = False
+    scenarios: tuple[str, ...] | None = None
+    requires: Framework | None = None
+    dress: Callable[..., None] | None = None
+
+    def unavailable(self) -> str | None:
+        return None if self.requires is None else self.requires.unavailable()
 
 
 def _local_views(model: nn.Module) -> list[nn.Parameter]:

@@ -102,6 +102,7 @@ class DistWorld:
         )
         self._harness_world = dist.new_group(timeout=self._timeout)
         self._meshes = {}
+        self._spans: dict[tuple[MeshSpec, tuple[str, ...]], dist.ProcessGroup] = {}
 
     @property
     def harness_world(self) -> dist.ProcessGroup:
@@ -127,6 +128,18 @@ class DistWorld:
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, harness)
         return self._meshes[spec]
 
+    def group_over(self, spec: MeshSpec, dims: tuple[str, ...]) -> dist.ProcessGroup:
+        """A target-facing group spanning ``dims`` of ``spec`` (cached for this generation)."""
+        key = (spec, tuple(dims))
+        if key not in self._spans:
+            axes = [spec.index(d) for d in dims]
+            members: dict[tuple[int, ...], list[int]] = {}
+            for rank in range(self.world_size):
+                coord = spec.coordinate(rank)
+                members.setdefault(tuple(c for a, c in enumerate(coord) if a not in axes), []).append(rank)
+            self._spans[key] = self._subgroup(list(members.values()))
+        return self._spans[key]
+
     def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:
         mine, _ = dist.new_subgroups_by_enumeration(enumeration, timeout=self._timeout)
         return mine
@@ -143,6 +156,7 @@ class DistWorld:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._meshes = {}
+        self._spans = {}
         self._harness_world = None
 
     def regenerate(self) -> None:

@@ -123,8 +123,9 @@ DeepSpeedAutoEP.targets = {
     for t in (
         Target("deepspeed-style", local_root_mean.clip,
                "DeepSpeed-style fp32 clip: rank-local root, then the mean of local norms over the world.",
-               origin="scenario deepspeed_autoep"),
+               origin="scenario deepspeed_autoep", scenarios=("deepspeed_autoep",)),
         Target("deepspeed-style-repaired", deepspeed_style_repaired_clip,
-               deepspeed_style_repaired_clip.__doc__.strip(), origin="scenario deepspeed_autoep"),
+               deepspeed_style_repaired_clip.__doc__.strip(), origin="scenario deepspeed_autoep",
+               scenarios=("deepspeed_autoep",)),
     )
 }

@@ -185,9 +185,10 @@ def xorl_style_fixed_clip(model: nn.Module, *, max_norm: float, norm_type: float
 XorlEPLoRA.targets = {
     t.name: t
     for t in (
-        Target("xorl-style", xorl_style_clip, xorl_style_clip.__doc__.strip(), origin="scenario xorl_ep_lora"),
+        Target("xorl-style", xorl_style_clip, xorl_style_clip.__doc__.strip(), origin="scenario xorl_ep_lora",
+               scenarios=("xorl_ep_lora",)),
         Target("xorl-style-fixed", xorl_style_fixed_clip, xorl_style_fixed_clip.__doc__.strip(),
-               origin="scenario xorl_ep_lora"),
+               origin="scenario xorl_ep_lora", scenarios=("xorl_ep_lora",)),
     )
 }
 

@@ -44,7 +44,7 @@ def test_invalid_combinations_are_dropped_and_counted():
     plan = plan_cases(spec, world_size=4, backend="gloo")
     dropped = dict(plan.dropped)
     assert dropped["xorl_ep_lora: ep_size 3 does not divide the world size 4"] == 1
-    assert dropped["target xorl-style models scenario xorl_ep_lora, not deepspeed_autoep"] == 1
+    assert dropped["target xorl-style runs with xorl_ep_lora, not deepspeed_autoep"] == 1
     assert any(r.startswith("target torch-dtensor needs every parameter on every rank") for r in dropped)
     lines = plan.drop_lines()
     assert lines[0] == f"dropped {sum(dropped.values())} invalid combination(s):"
