@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 from dataclasses import dataclass
 
 
@@ -21,14 +22,22 @@ class Framework:
     install: str
 
     def unavailable(self) -> str | None:
-        """None when usable here, otherwise why not (with the install hint)."""
+        """None when usable here, otherwise why not (with the install hint).
+
+        Looks for the probe module's file without importing anything: importing a framework can be
+        slow or have side effects (DeepSpeed picks its accelerator at import time).
+        """
+        top, *rest = self.probe.split(".")
         try:
-            found = importlib.util.find_spec(self.probe) is not None
+            spec = importlib.util.find_spec(top)
         except (ImportError, ValueError):
-            found = False
-        if not found:
-            return f"{self.name} is not installed here; {self.install}"
-        return None
+            spec = None
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        for root in roots:
+            base = os.path.join(root, *rest)
+            if os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py")):
+                return None
+        return f"{self.name} is not installed here; {self.install}"
 
     def version(self) -> str:
         if self.distribution:

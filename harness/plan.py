@@ -15,7 +15,7 @@ import fnmatch
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .case import CaseSpec, Variant
+from .case import CaseSpec, Variant, norm_label
 from .injection import DTYPES
 from .layout import LayoutError
 from .loading import LoadError
@@ -103,9 +103,16 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                     plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
                                  f"{name} {variant.label} has parameters on some ranks only"] += 1
                     continue
-                skip = (scenario.requires.unavailable() if scenario.requires else None) or \
-                    plan.targets[target_name].unavailable()
+                resolved = plan.targets[target_name]
+                if resolved.dtypes is not None and variant.injection.dtype not in resolved.dtypes:
+                    plan.dropped[f"target {target_name} supports dtype {', '.join(resolved.dtypes)} only"] += 1
+                    continue
+                skip = (scenario.requires.unavailable() if scenario.requires else None) or resolved.unavailable()
                 for norm_type in spec.norm_types or scenario.default_norm_types:
+                    if resolved.norm_types is not None and norm_type not in resolved.norm_types:
+                        plan.dropped[f"target {target_name} supports norm types "
+                                     f"{', '.join(norm_label(n) for n in resolved.norm_types)} only"] += 1
+                        continue
                     plan.cases.append(
                         CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm, skip)
                     )

@@ -30,11 +30,13 @@ def resolve_scenario(name: str) -> Scenario:
 
 
 def registered_targets(scenarios: list[Scenario] | None = None) -> dict[str, Target]:
-    """Built-in targets, the mutants, and every scenario's own (built-in scenarios and those given)."""
+    """Built-in targets, mutants, framework adapters, and every scenario's own (built-in and given)."""
+    from .adapters import ADAPTER_TARGETS
     from .mutants import MUTANTS
 
     found = dict(BUILTIN_TARGETS)
     found.update(MUTANTS)
+    found.update(ADAPTER_TARGETS)
     for scenario in list(builtin_scenarios().values()) + list(scenarios or []):
         found.update(scenario.targets)
     return found

@@ -32,6 +32,8 @@ class Target:
     * ``scenarios``: the only scenarios it can run with (it models their framework), None for any.
     * ``dtensor_only``: it builds DTensors over the whole mesh, so a layout with parameters on some
       ranks only is not a valid combination for it.
+    * ``dtypes`` / ``norm_types``: what it supports at all, None for anything; other combinations
+      are dropped (with their reason) rather than reported as failures.
     * ``requires``: a third-party framework; where it is missing, the target's cases are skipped.
     * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
       model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
@@ -44,6 +46,8 @@ class Target:
     origin: str = "built-in"
     dtensor_only: bool = False
     scenarios: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    norm_types: tuple[float, ...] | None = None
     requires: Framework | None = None
     dress: Callable[..., None] | None = None
 

@@ -59,7 +59,7 @@ class DeepSpeedAutoEP(Scenario):
     name = "deepspeed_autoep"
     summary = "dense + per-module experts under EP with a DeepSpeed-style fp32 clip (local root, then mean)"
     uses_ep = True
-    default_targets = ("deepspeed-style", "deepspeed-style-repaired", "reference")
+    default_targets = ("deepspeed-style", "deepspeed-style-repaired", "deepspeed", "deepspeed-engine", "reference")
     default_norm_types = (2.0, float("inf"))
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:

@@ -1,0 +1,10 @@
+"""Adapters: the clip functions of real frameworks, called on the harness's model after it has been
+set up the way each framework would set it up. Nothing of the frameworks' code is copied; a missing
+framework turns its cases into skips with the install hint as the reason."""
+
+from __future__ import annotations
+
+from ..targets import Target
+from . import deepspeed
+
+ADAPTER_TARGETS: dict[str, Target] = {t.name: t for module in (deepspeed,) for t in module.TARGETS}
