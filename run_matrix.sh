@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: the default matrix (harness/default_matrix.toml) at every world size in NPROC_LIST,
 # gloo on CPU and nccl where GPUs are (BACKENDS overrides), merged into one table and one JUnit file
-# under results/. Installs the project into .venv on first use. Extra flags go to `python -m harness
+# under results/. Installs the project and the CPU builds of DeepSpeed, torchtitan and megatron-core
+# into .venv on first use. Extra flags go to `python -m harness
 # matrix`, e.g. --targets reference, --matrix my.toml, --scenario xorl_ep_lora, --out DIR.
 # Exits non-zero when any case fails (the default matrix includes known-bad clip functions).
 set -euo pipefail
@@ -9,6 +10,7 @@ cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+  .ci/install-frameworks .venv/bin/python
 fi
 NPROC_LIST="${NPROC_LIST:-1 2 4 8}"
 args=(--nproc-list "${NPROC_LIST// /,}")

@@ -153,6 +153,22 @@ def _collateral(error: str) -> bool:
     return any(marker in error for marker in _COLLATERAL)
 
 
+def describe_errors(errors: Sequence[str | None]) -> str:
+    """The root causes first (ranks with the same message together), then who failed in consequence
+    (a peer's connection closing under it, or a timeout waiting for one)."""
+    raised = [r for r, e in enumerate(errors) if e is not None]
+    primary = [r for r in raised if not _collateral(errors[r])] or raised
+    by_message: dict[str, list[int]] = {}
+    for r in primary:
+        by_message.setdefault(errors[r], []).append(r)
+    shown = list(by_message.items())[:2]
+    text = "; ".join(f"rank {ranks[0]}: {msg}" if len(ranks) == 1 else f"ranks {ranks}: {msg}" for msg, ranks in shown)
+    others = sorted(set(raised) - {r for _, ranks in shown for r in ranks})
+    if others:
+        text += f" (ranks {others} failed in consequence)"
+    return text
+
+
 def _fmt(x: float | None) -> str:
     return "none" if x is None else f"{x:.6g}"
 
@@ -186,11 +202,7 @@ def evaluate(
     raised = [r for r, e in enumerate(errors) if e is not None]
     collateral = {r for r in raised if _collateral(errors[r])}
     if raised:
-        primary = [r for r in raised if r not in collateral] or raised
-        text = "; ".join(f"rank {r}: {errors[r]}" for r in primary[:2])
-        others = sorted(set(raised) - set(primary[:2]))
-        if others:
-            text += f" (ranks {others} failed in consequence)"
+        text = describe_errors(errors)
         # raising on every rank, by itself, is a legitimate answer to a non-finite gradient
         consistent_nonfinite_raise = not finite_truth and len(raised) == len(records) and not collateral
         checks.append(Check("raised", consistent_nonfinite_raise, text))
@@ -293,9 +305,7 @@ def skipped_result(case: CaseSpec) -> CaseResult:
 
 def setup_failed_result(case: CaseSpec, truth: float, errors: Sequence[str | None], seconds: float) -> CaseResult:
     """The framework's own setup (its dress step) raised: the clip was never reached."""
-    raised = [r for r, e in enumerate(errors) if e is not None]
-    primary = [r for r in raised if not _collateral(errors[r])] or raised
-    detail = "; ".join(f"rank {r}: {errors[r]}" for r in primary[:2])
+    detail = describe_errors(errors)
     return CaseResult(case=case, verdict="FAIL", truth=truth, measured_truth=math.nan, reported=[None] * len(errors),
                       checks=[Check("setup", False, f"the framework setup raised: {detail}")], signature=[],
                       placements={}, mismatches=[], coefficient=None, seconds=seconds, errors=list(errors))

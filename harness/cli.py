@@ -6,6 +6,7 @@
     python -m harness matrix ...          # every world size, one torchrun each, merged (see launch.py)
     python -m harness fuzz --target T     # hypothesis over drawn layouts on a warm world (see fuzz.py)
     python -m harness --replay BLOB       # one case from a fuzz failure, on the world it needs
+    python -m harness compat R.jsonl      # the real frameworks' verdicts as a markdown table
 
 Exit status: 0 all cases pass, 1 some case or metamorphic group fails, 2 bad input (reported before
 any process group is created), 3 a rank hung or died.
@@ -121,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .launch import main as matrix_main
 
         return matrix_main(argv[1:])
+    if argv and argv[0] == "compat":
+        from .compat import main as compat_main
+
+        return compat_main(argv[1:])
     if argv and argv[0] == "fuzz":
         from .fuzz import main as fuzz_main
 
@@ -164,7 +169,8 @@ def execute(plan: Plan, args: argparse.Namespace, backend: str, rank: int, world
     """Run every planned case on this rank; rank 0 reports. Returns the exit status."""
     quiet_torch_warnings()
     world = DistWorld(backend, args.timeout)
-    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose) if rank == 0 else None
+    frameworks = {name: t.framework_version() for name, t in plan.targets.items()} if rank == 0 else {}
+    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, frameworks) if rank == 0 else None
     progress = Progress(len(plan.cases), enabled=bool(rank == 0 and (
         args.progress if args.progress is not None else sys.stderr.isatty())))
     try:

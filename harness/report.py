@@ -35,9 +35,10 @@ def _fmt(x: float | None, width: int = 12) -> str:
     return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
 
 
-def case_json(result: CaseResult, world_size: int, backend: str) -> dict[str, Any]:
+def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> dict[str, Any]:
     case = result.case
     return {
+        "framework": framework,
         "type": "case",
         "index": case.index,
         "scenario": case.scenario,
@@ -88,8 +89,10 @@ def metamorphic_json(group: MetamorphicResult, world_size: int, backend: str) ->
 class Reporter:
     """Rank 0's printer and JSON Lines writer."""
 
-    def __init__(self, out: IO[str], json_path: str | None, world_size: int, backend: str, verbose: bool) -> None:
+    def __init__(self, out: IO[str], json_path: str | None, world_size: int, backend: str, verbose: bool,
+                 frameworks: dict[str, str | None] | None = None) -> None:
         self.out = out
+        self.frameworks = frameworks or {}
         self.world_size = world_size
         self.backend = backend
         self.verbose = verbose
@@ -139,7 +142,7 @@ class Reporter:
             self._print(f"    skipped: {case.skip}")
         for line in result.signature:
             self._print(f"      signature: {line}")
-        self._write_json(case_json(result, self.world_size, self.backend))
+        self._write_json(case_json(result, self.world_size, self.backend, self.frameworks.get(case.target)))
 
     def metamorphic(self, groups: list[MetamorphicResult]) -> None:
         if not groups:

@@ -54,6 +54,14 @@ class Target:
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()
 
+    def framework_version(self) -> str | None:
+        """'deepspeed 0.19.8', 'torch 2.13.0+cpu' for torch's own clips; None for the harness's own."""
+        if self.requires is not None:
+            return None if self.unavailable() else f"{self.requires.name} {self.requires.version()}"
+        if self.name.startswith("torch"):
+            return f"torch {torch.__version__}"
+        return None
+
 
 def _local_views(model: nn.Module) -> list[nn.Parameter]:
     """Plain parameters whose storage and gradient are views of each rank-local shard."""

@@ -113,18 +113,14 @@ class DistWorld:
         """Groups for ``spec`` in this generation, built once (every rank calls in the same order)."""
         if spec not in self._meshes:
             spec.check_world(self.world_size)
-            target: dict[str, dist.ProcessGroup] = {}
-            harness: dict[str, dist.ProcessGroup] = {}
-            for dim in spec.names:
-                target[dim] = self._subgroup(spec.groups(dim))
-                harness[dim] = self._subgroup(spec.groups(dim))
+            # the target's mesh is a plain DeviceMesh, so sub-meshes (mesh["ep_fsdp"]) and flattening
+            # work as in any training script; its groups get the case timeout like every other group
             ids = torch.arange(self.world_size).reshape(spec.sizes)
-            device_mesh = DeviceMesh.from_group(
-                [target[d] for d in spec.names],
-                self.device.type,
-                mesh=ids,
-                mesh_dim_names=spec.names,
-            )
+            device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
+            target = {dim: device_mesh.get_group(dim) for dim in spec.names}
+            for group in target.values():
+                dist.distributed_c10d._set_pg_timeout(self._timeout, group)
+            harness = {dim: self._subgroup(spec.groups(dim)) for dim in spec.names}
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, harness)
         return self._meshes[spec]
 

@@ -116,7 +116,7 @@ class XorlEPLoRA(Scenario):
     name = "xorl_ep_lora"
     summary = "per-expert MoE LoRA at EP-local shapes with an xorl-style plan-driven clip"
     uses_ep = True
-    default_targets = ("xorl-style", "xorl-style-fixed", "reference")
+    default_targets = ("xorl-style", "xorl-style-fixed", "xorl", "reference")
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
         injection = Injection(seed=options.seed, dtype=options.dtype)

@@ -82,9 +82,10 @@ def test_xorl_one_local_expert_defeats_plan_and_fix(xorl_world4):
 
 def test_xorl_records_are_complete(xorl_world4):
     summary = xorl_world4.summary
-    assert summary["cases"] == len(xorl_world4.cases()) == 39
-    assert summary["failed"] == 6 and summary["harness_errors"] == 0
-    for case in xorl_world4.cases():
+    ours = [c for c in xorl_world4.cases() if c["target"] != "xorl"]  # the real xorl runs where importable
+    assert summary["cases"] == len(xorl_world4.cases()) == 52 and len(ours) == 39
+    assert sum(c["verdict"] == "FAIL" for c in ours) == 6 and summary["harness_errors"] == 0
+    for case in ours:
         assert case["checks"]["truth"]["passed"]
         assert case["world_size"] == 4 and case["backend"] == "gloo" and case["tolerance"] == 1e-5
 

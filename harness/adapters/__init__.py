@@ -5,6 +5,8 @@ framework turns its cases into skips with the install hint as the reason."""
 from __future__ import annotations
 
 from ..targets import Target
-from . import deepspeed
+from . import deepspeed, fsdp2, megatron, torchtitan, xorl
 
-ADAPTER_TARGETS: dict[str, Target] = {t.name: t for module in (deepspeed,) for t in module.TARGETS}
+ADAPTER_TARGETS: dict[str, Target] = {
+    t.name: t for module in (deepspeed, torchtitan, megatron, xorl, fsdp2) for t in module.TARGETS
+}
