@@ -55,10 +55,16 @@ def shutdown_tcp_connections(keep_ports: set[int]) -> int:
         info = ports.get(target[len("socket:[") : -1])
         if info is None or info[2] == _LISTEN or info[0] in keep_ports or info[1] in keep_ports:
             continue
-        sock = socket.socket(fileno=int(fd))
+        # the process group's own threads may close (and the process reuse) an fd while we look:
+        # every step tolerates that, and the fd must still be the same socket when we act on it
         try:
-            sock.shutdown(socket.SHUT_RDWR)
-            count += 1
+            sock = socket.socket(fileno=int(fd))
+        except OSError:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                sock.shutdown(socket.SHUT_RDWR)
+                count += 1
         except OSError:
             pass
         finally:
@@ -67,8 +73,12 @@ def shutdown_tcp_connections(keep_ports: set[int]) -> int:
 
 
 def release_peers(backend: str, store_port: int | None) -> None:
-    """Unblock every peer waiting on this rank, before the groups are destroyed."""
-    if backend == "nccl":
-        dist.distributed_c10d._abort_process_group()
-        return
-    shutdown_tcp_connections({store_port} if store_port else set())
+    """Unblock every peer waiting on this rank, before the groups are destroyed. Best effort: the
+    group timeouts remain the backstop, so nothing here may raise."""
+    try:
+        if backend == "nccl":
+            dist.distributed_c10d._abort_process_group()
+        else:
+            shutdown_tcp_connections({store_port} if store_port else set())
+    except Exception:  # noqa: BLE001 - a failed release only costs the timeout
+        pass
