@@ -21,12 +21,6 @@ def xorl_world4(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def deepspeed_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"],
-                       tmp_path_factory.mktemp("ds"))
-
-
-@pytest.fixture(scope="module")
 def controls_world2(tmp_path_factory):
     targets = ["reference", "torch", "torch-dtensor", "examples/my_clip.py:clip"] + [
         f"{BROKEN}:{name}" for name in ("norm_off", "ranks_disagree", "no_clip", "replica_drift", "raise_on_rank1")

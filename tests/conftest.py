@@ -1,0 +1,12 @@
+"""Fixtures shared by the test modules: torchrun launches that several modules read."""
+
+import pytest
+
+from harness_runs import run_harness
+
+
+@pytest.fixture(scope="session")
+def deepspeed_world2(tmp_path_factory):
+    """The deepspeed_autoep scenario at world 2, fp32 and bf16, with every default target: the
+    DeepSpeed-style models, the repair, the real DeepSpeed (where installed) and the reference."""
+    return run_harness(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("ds"))
