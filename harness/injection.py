@@ -33,10 +33,6 @@ DTYPES: dict[str, torch.dtype] = {
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return next(name for name, d in DTYPES.items() if d == dtype)
-
-
 @dataclass(frozen=True)
 class Injection:
     """What the gradients are. Same on every rank; a pure description, cheap to pickle."""

@@ -125,9 +125,6 @@ class MeshSpec:
             seen.setdefault(key, []).append(rank)
         return list(seen.values())
 
-    def group_of(self, rank: int, dim: str) -> list[int]:
-        return next(g for g in self.groups(dim) if rank in g)
-
     def ranks_where(self, **coords: int) -> frozenset[int]:
         """Ranks whose coordinate on each named dim equals the given value."""
         axes = {self.index(dim): value for dim, value in coords.items()}

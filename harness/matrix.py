@@ -46,11 +46,6 @@ class MatrixSpec:
         """This spec with every non-None override applied (command-line flags over the file)."""
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["norm_types"] = [str(p) for p in self.norm_types]
-        return out
-
 
 _FIELDS = {f.name for f in dataclasses.fields(MatrixSpec)}
 

@@ -247,10 +247,3 @@ class RankPool:
         where = f"\n{stack}" if stack else ""
         return f"rank {rank} gave no answer within {timeout_s:.0f} s (hung){where}"
 
-
-def raise_on_failure(results: list[RankResult]) -> list[Any]:
-    """The per-rank values, or an AssertionError naming every rank that failed and how."""
-    bad = [r for r in results if not r.ok]
-    if bad:
-        raise AssertionError("\n".join(f"rank {r.rank} {r.status}:\n{r.error}" for r in bad))
-    return [r.value for r in results]
