@@ -19,7 +19,6 @@ import time
 import traceback
 from typing import Any, Callable
 
-
 from .case import CaseSpec
 from .checks import CaseResult, applied_coefficients, evaluate, setup_failed_result, skipped_result
 from .context import CaseContext, attach
