@@ -5,9 +5,10 @@ reference, the framework-style models, the mutants) are left out."""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, Sequence
+
+from .report import read_records
 
 
 def _ratio(rec: dict[str, Any]) -> str:
@@ -27,9 +28,8 @@ def compat_rows(records: list[dict[str, Any]]) -> list[list[str]]:
             continue
         if rec["verdict"] == "SKIP" and not rec.get("skip_reason"):
             continue
-        norm = "Linf" if rec["norm_type"] == "inf" else f"L{float(rec['norm_type']):g}"
         framework = rec.get("framework") or f"{rec['target']} (not installed)"
-        rows.append([framework, rec["target"], rec["scenario"], rec["layout"], norm, rec["dtype"],
+        rows.append([framework, rec["target"], rec["scenario"], rec["layout"], rec["norm"], rec["dtype"],
                      str(rec["world_size"]), rec["verdict"], _ratio(rec)])
     return sorted({tuple(r): r for r in rows}.values(), key=lambda r: (r[0], r[2], int(r[6]), r[3], r[1], r[4], r[5]))
 
@@ -45,9 +45,6 @@ def main(argv: Sequence[str]) -> int:
     if not argv:
         print("usage: python -m harness compat RESULTS.jsonl [...]", file=sys.stderr)
         return 2
-    records = []
-    for path in argv:
-        with open(path) as f:
-            records += [json.loads(line) for line in f if line.strip()]
+    records = [rec for path in argv for rec in read_records(path)]
     print(markdown(compat_rows(records)))
     return 0

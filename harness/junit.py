@@ -14,11 +14,7 @@ from typing import Any, Iterable
 
 
 def _case_name(rec: dict[str, Any]) -> str:
-    return f"{rec['scenario']} [{rec['layout']}] {rec['target']} {_norm(rec['norm_type'])} {rec['dtype']}"
-
-
-def _norm(norm_type: Any) -> str:
-    return "Linf" if norm_type in ("inf", float("inf")) else f"L{float(norm_type):g}"
+    return f"{rec['scenario']} [{rec['layout']}] {rec['target']} {rec['norm']} {rec['dtype']}"
 
 
 def _failure_text(rec: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from .junit import write_junit
 from .layout import LayoutError
 from .loading import LoadError
 from .plan import UsageError, plan_cases
+from .report import read_records
 
 DEFAULT_MATRIX = "default_matrix.toml"
 
@@ -119,11 +120,11 @@ def main(argv: Sequence[str]) -> int:
 
     passthrough = _passthrough(argv) + ["--matrix", args.matrix]
     for launch in launches:
-        _run(launch, passthrough, args.timeout)
+        _run(launch, passthrough)
     return _merge(launches, out)
 
 
-def _run(launch: Launch, passthrough: list[str], timeout_s: float) -> None:
+def _run(launch: Launch, passthrough: list[str]) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={launch.world_size}",
            "-m", "harness", *passthrough, "--backend", launch.backend, "--json", str(launch.jsonl), "--no-progress"]
     print(f"launch: world {launch.world_size} {launch.backend}: {launch.cases} cases ...", end="", flush=True)
@@ -138,14 +139,8 @@ def _run(launch: Launch, passthrough: list[str], timeout_s: float) -> None:
 
 
 def _records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = read_records(str(path)) if path.exists() else []
     return [r for r in recs if kind is None or r.get("type") == kind]
-
-
-def _norm(rec: dict[str, Any]) -> str:
-    return "Linf" if rec["norm_type"] == "inf" else f"L{float(rec['norm_type']):g}"
 
 
 def _merge(launches: list[Launch], out: Path) -> int:
@@ -162,7 +157,7 @@ def _merge(launches: list[Launch], out: Path) -> int:
     for r in cases:
         ratio = "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
         print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
-              f"{_norm(r):<6}{r['dtype']:<6}{str(ratio):<10}{r['verdict']}")
+              f"{r['norm']:<6}{r['dtype']:<6}{str(ratio):<10}{r['verdict']}")
     failed = [r for r in cases if r["verdict"] in ("FAIL", "ERROR")]
     skipped = sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"})
     meta_failed = [m for m in meta if not m["passed"]]
@@ -172,7 +167,7 @@ def _merge(launches: list[Launch], out: Path) -> int:
         for r in failed:
             checks = ", ".join(n for n, c in r["checks"].items() if not c["passed"])
             sig = f"  [{r['signature'][0]}]" if r["signature"] else ""
-            print(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {_norm(r)} "
+            print(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {r['norm']} "
                   f"{r['dtype']}: {checks}{sig}")
     for m in meta_failed:
         print(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} {m['dtype']}: "

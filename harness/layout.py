@@ -115,13 +115,13 @@ class MeshSpec:
             rank = rank * size + c
         return rank
 
-    def groups(self, dim: str) -> list[list[int]]:
-        """Every process group along ``dim``: ranks that differ only in that dim's coordinate."""
-        axis = self.index(dim)
+    def groups(self, *dims: str) -> list[list[int]]:
+        """Every process group along ``dims``: ranks that differ only in those dims' coordinates
+        (one dim: a mesh dim's groups; several: groups spanning them, e.g. expert model parallel)."""
+        axes = {self.index(dim) for dim in dims}
         seen: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
-            coord = self.coordinate(rank)
-            key = coord[:axis] + coord[axis + 1 :]
+            key = tuple(c for a, c in enumerate(self.coordinate(rank)) if a not in axes)
             seen.setdefault(key, []).append(rank)
         return list(seen.values())
 

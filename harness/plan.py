@@ -96,26 +96,26 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         variants = _variants(scenario, spec, world_size, plan)
         if spec.variant:
             variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
+        scenario_skip = scenario.requires.unavailable() if scenario.requires else None
+        skips = {t: scenario_skip or plan.targets[t].unavailable() for t in targets_here}  # probed once
         for variant in variants:
-            partial = any(spec.present_ranks is not None for spec in variant.layout)
+            partial = any(param.present_ranks is not None for param in variant.layout)
             for target_name in targets_here:
-                if partial and plan.targets[target_name].dtensor_only:
+                resolved = plan.targets[target_name]
+                if partial and resolved.dtensor_only:
                     plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
                                  f"{name} {variant.label} has parameters on some ranks only"] += 1
                     continue
-                resolved = plan.targets[target_name]
                 if resolved.dtypes is not None and variant.injection.dtype not in resolved.dtypes:
                     plan.dropped[f"target {target_name} supports dtype {', '.join(resolved.dtypes)} only"] += 1
                     continue
-                skip = (scenario.requires.unavailable() if scenario.requires else None) or resolved.unavailable()
                 for norm_type in spec.norm_types or scenario.default_norm_types:
                     if resolved.norm_types is not None and norm_type not in resolved.norm_types:
                         plan.dropped[f"target {target_name} supports norm types "
                                      f"{', '.join(norm_label(n) for n in resolved.norm_types)} only"] += 1
                         continue
-                    plan.cases.append(
-                        CaseSpec(len(plan.cases), name, variant, target_name, norm_type, spec.max_norm, skip)
-                    )
+                    plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
+                                               spec.max_norm, skips[target_name]))
     if spec.variant and not plan.cases:
         raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
     return plan

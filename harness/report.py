@@ -35,6 +35,12 @@ def _fmt(x: float | None, width: int = 12) -> str:
     return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
 
 
+def read_records(path: str) -> list[dict[str, Any]]:
+    """Every record of a JSON Lines results file (cases, metamorphic groups, the summary)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> dict[str, Any]:
     case = result.case
     return {
@@ -46,6 +52,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
         "mesh": dict(case.layout.mesh.dims),
         "target": case.target,
         "norm_type": _num(case.norm_type),
+        "norm": case.norm_label,
         "dtype": case.injection.dtype,
         "max_norm": case.max_norm,
         "seed": case.injection.seed,
@@ -108,9 +115,6 @@ class Reporter:
 
     def _print(self, line: str = "") -> None:
         print(line, file=self.out, flush=True)
-
-    def note(self, line: str) -> None:
-        self._print(f"note: {line}")
 
     def header(self, n_cases: int, notes: Iterable[str]) -> None:
         tol = ", ".join(f"{k} {v:g}" for k, v in NORM_RTOL.items())

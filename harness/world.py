@@ -128,12 +128,7 @@ class DistWorld:
         """A target-facing group spanning ``dims`` of ``spec`` (cached for this generation)."""
         key = (spec, tuple(dims))
         if key not in self._spans:
-            axes = [spec.index(d) for d in dims]
-            members: dict[tuple[int, ...], list[int]] = {}
-            for rank in range(self.world_size):
-                coord = spec.coordinate(rank)
-                members.setdefault(tuple(c for a, c in enumerate(coord) if a not in axes), []).append(rank)
-            self._spans[key] = self._subgroup(list(members.values()))
+            self._spans[key] = self._subgroup(spec.groups(*dims))
         return self._spans[key]
 
     def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:

@@ -64,7 +64,8 @@ def test_world_and_backend_axes_filter_a_launch():
 
 def test_junit_counts_failures_and_errors():
     case = {"type": "case", "world_size": 2, "backend": "gloo", "scenario": "s", "layout": "dp=2", "target": "t",
-            "norm_type": 2.0, "dtype": "fp32", "seconds": 0.01, "reported": [1.0], "true_norm": 2.0, "ratio": 0.5,
+            "norm_type": 2.0, "norm": "L2", "dtype": "fp32", "seconds": 0.01, "reported": [1.0], "true_norm": 2.0,
+            "ratio": 0.5,
             "signature": ["0.500000 = 1/sqrt(4): ..."], "verdict": "FAIL",
             "checks": {"norm": {"passed": False, "detail": "off"}, "agree": {"passed": True, "detail": ""}}}
     error = dict(case, verdict="ERROR", target="u")
