@@ -5,17 +5,42 @@ Public API for users writing their own clip targets or scenarios:
 * ``context(model)`` -> ``CaseContext``: the mesh, groups, declared plan and true layout of a case.
 * layout building blocks: ``MeshSpec``, ``ParamSpec``, ``param``, ``Layout``, ``Shard``, ``Replicate``.
 * ``Injection`` (what the gradients are), ``Variant`` and ``Scenario`` (a family of layouts).
+* ``check(target, scenarios=..., worlds=[2, 4])`` -> ``CheckReport``: the built-in scenarios against
+  your clip from Python, on warm worlds (``harness.api``).
 """
 
-from .case import CaseSpec, Variant, declared_from_layout
-from .context import CaseContext, context
-from .injection import Injection
-from .layout import Layout, LayoutError, MeshSpec, ParamSpec, Replicate, Shard, param
-from .scenario import Scenario, ScenarioOptions
+import warnings
+
+# torch warns on import when numpy is absent; nothing in clipcheck needs numpy, so it is not a dependency
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+# Exports are imported on first use (PEP 562), so importing ``harness.pytest_plugin`` (every pytest
+# start where clipcheck is installed) does not import torch.
+_EXPORTS = {
+    "CaseSpec": ".case", "Variant": ".case", "declared_from_layout": ".case",
+    "CaseContext": ".case_context", "context": ".case_context",
+    "Injection": ".injection",
+    "Layout": ".layout", "LayoutError": ".layout", "MeshSpec": ".layout", "ParamSpec": ".layout",
+    "Replicate": ".layout", "Shard": ".layout", "param": ".layout",
+    "Scenario": ".scenario", "ScenarioOptions": ".scenario",
+    "check": ".api", "CheckReport": ".api",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CaseContext",
     "CaseSpec",
+    "CheckReport",
     "Injection",
     "Layout",
     "LayoutError",
@@ -26,6 +51,7 @@ __all__ = [
     "ScenarioOptions",
     "Shard",
     "Variant",
+    "check",
     "context",
     "declared_from_layout",
     "param",

@@ -66,6 +66,7 @@ class CaseSpec:
     norm_type: float
     max_norm: float
     skip: str | None = None  # why this case cannot run here (a framework it needs is missing)
+    clip_ratio: float | None = None  # max_norm as a multiple of the true norm, when planned that way
 
     @property
     def layout(self) -> Layout:
@@ -78,10 +79,6 @@ class CaseSpec:
     @property
     def norm_label(self) -> str:
         return norm_label(self.norm_type)
-
-    @property
-    def key(self) -> str:
-        return f"{self.scenario}|{self.variant.label}|{self.target}|{self.norm_label}|{self.injection.dtype}"
 
 
 def norm_label(norm_type: float) -> str:
@@ -99,3 +96,8 @@ def parse_norm_type(text: str) -> float:
     if math.isnan(value) or value <= 0:
         raise LayoutError(f"norm type must be positive or inf, got {text!r}")
     return value
+
+
+def bound_label(clip_ratio: float | None, max_norm: float) -> str:
+    """``x0.5`` for a bound relative to the true norm, the bound itself when absolute."""
+    return f"x{clip_ratio:g}" if clip_ratio is not None else f"{max_norm:.3g}"

@@ -8,21 +8,27 @@ Each check answers one question a user would ask of a clip function:
 * ``agree``        does every rank report the same norm?
 * ``coefficient``  was every gradient scaled by min(1, max_norm / (true + eps)), uniformly?
 * ``replicas``     are true replicas still bit-identical after clipping?
-* ``nonfinite``    with a non-finite gradient, did every rank take the same action?
+* ``contract``     no harness-detected fault: the return value is a number or a tensor, the default
+                   process group survived, no gradient was deleted or replaced by another shape/dtype.
+* ``params``       are the parameters themselves untouched?
+* ``nonfinite``    with a non-finite gradient, did every rank take the same deliberate action?
+
+Each check is a small function of a ``Judgement`` (the case and every rank's record) listed in
+``CHECKS``; ``evaluate`` runs them in order. The rank-local measurements they read come from
+``effects``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import torch
+from typing import Any, Callable, Mapping, Sequence
 
 from .case import CaseSpec
 from .clipmath import clip_coefficient
 from .layout import MeshSpec, Replicate, Shard
-from .oracle import Replication, StatsTable, bit_words, declared_norm, norms_agree
+from .oracle import CROSS_CHECK_RTOL, Replication, StatsTable, declared_norm, norms_agree
 from .signatures import Evidence, explain
 
 NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
@@ -40,43 +46,6 @@ def tolerance(dtype: str) -> float:
 
 def coefficient_tolerance(dtype: str) -> float:
     return NORM_RTOL[dtype] + 8 * UNIT_ROUNDOFF[dtype]
-
-
-# -- local, on every rank -----------------------------------------------------------------------------
-def applied_coefficients(
-    pre: Mapping[str, torch.Tensor | None], post: Mapping[str, torch.Tensor | None]
-) -> dict[str, Any]:
-    """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
-
-    Returns ``{"scale": {name: [c, residual]}, "vanished": [...], "unchanged": bool}``; ``residual``
-    is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even when the
-    average factor looks right.
-    """
-    scale: dict[str, list[float]] = {}
-    vanished: list[str] = []
-    unchanged = True
-    for name, before in pre.items():
-        if before is None:
-            continue
-        after = post.get(name)
-        if after is None:
-            vanished.append(name)
-            unchanged = False
-            continue
-        a = before.detach().to(torch.float64).reshape(-1).cpu()
-        b = after.detach().to(torch.float64).reshape(-1).cpu()
-        if unchanged and not torch.equal(bit_words(before).cpu(), bit_words(after).cpu()):
-            unchanged = False
-        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
-            continue
-        denom = float((a * a).sum())
-        if denom == 0.0:
-            continue
-        c = float((a * b).sum()) / denom
-        top = float(a.abs().max()) * max(abs(c), 1e-300)
-        residual = float((b - c * a).abs().max()) / top
-        scale[name] = [c, residual]
-    return {"scale": scale, "vanished": vanished, "unchanged": unchanged}
 
 
 # -- on rank 0 -----------------------------------------------------------------------------------------
@@ -169,8 +138,226 @@ def describe_errors(errors: Sequence[str | None]) -> str:
     return text
 
 
+
+NONFINITE_ERROR = re.compile(r"non-?finite|\bnan\b|\binf(inite|inity)?\b|overflow", re.IGNORECASE)
+"""What makes an exception a *deliberate* answer to a non-finite gradient: its message says so, as
+torch's ``clip_grad_norm_(error_if_nonfinite=True)`` ("... is non-finite, so it cannot be clipped")
+and DeepSpeed's overflow checks do. Raising on every rank with such a message passes a non-finite
+case; any other exception, or a harness-detected fault, never does."""
+
+
+def _message(error: str) -> str:
+    """The exception's own text, without the ``(at file:line)`` suffix (paths may say 'inf')."""
+    return error.rsplit(" (at ", 1)[0]
+
+
 def _fmt(x: float | None) -> str:
     return "none" if x is None else f"{x:.6g}"
+
+
+@dataclass
+class Judgement:
+    """Everything rank 0 knows about one case once every rank has reported: the inputs of each check."""
+
+    case: CaseSpec
+    truth: float
+    measured: float
+    stats: StatsTable
+    pre: Replication
+    post: Replication
+    records: Sequence[Mapping[str, Any]]
+
+    @property
+    def mesh(self) -> MeshSpec:
+        return self.case.layout.mesh
+
+    @property
+    def dtype(self) -> str:
+        return self.case.injection.dtype
+
+    @property
+    def finite_truth(self) -> bool:
+        return math.isfinite(self.truth)
+
+    @property
+    def reported(self) -> list[float | None]:
+        return [r["reported"] for r in self.records]
+
+    @property
+    def errors(self) -> list[str | None]:
+        return [r["error"] for r in self.records]
+
+    @property
+    def raised(self) -> list[int]:
+        return [r for r, e in enumerate(self.errors) if e is not None]
+
+    @property
+    def collateral(self) -> set[int]:
+        return {r for r in self.raised if _collateral(self.errors[r])}
+
+    def documented_nonfinite_raise(self) -> bool:
+        """Every rank raised, each with a message that names the non-finite gradient."""
+        errors = self.errors
+        return (not self.finite_truth and len(self.raised) == len(self.records) and not self.collateral
+                and all(NONFINITE_ERROR.search(_message(e or "")) for e in errors))
+
+
+CheckFn = Callable[[Judgement], "Check | None"]
+
+
+def check_truth(j: Judgement) -> Check:
+    stale = [r for r, rec in enumerate(j.records) if rec["local"].get("stale_truth")]
+    if stale:
+        return Check("truth", False, f"HARNESS ERROR: ranks {stale}: the injected gradients differ from the ones "
+                     "measured for this layout variant (the injection is not deterministic)")
+    ok = norms_agree(j.measured, j.truth, CROSS_CHECK_RTOL)
+    return Check("truth", ok, "" if ok else
+                 f"HARNESS ERROR: measured truth {j.measured!r} != constructive truth {j.truth!r}; the injected "
+                 "gradients do not have the replication structure the layout describes")
+
+
+def check_raised(j: Judgement) -> Check | None:
+    """Did the function finish on every rank? (Raising everywhere is a legitimate, documented answer
+    to a non-finite gradient, nothing else.)"""
+    if not j.raised:
+        return None
+    return Check("raised", j.documented_nonfinite_raise(), describe_errors(j.errors))
+
+
+def check_contract(j: Judgement) -> Check | None:
+    """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
+    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype."""
+    problems = []
+    for r, rec in enumerate(j.records):
+        if rec["error"] is not None:
+            continue
+        if rec.get("fault"):
+            problems.append(f"rank {r}: {rec['fault']}")
+        local = rec["local"]
+        for name, why in local.get("mangled", {}).items():
+            problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
+        for name in local["vanished"]:
+            problems.append(f"rank {r}: {name} lost its gradient (set to None)")
+    return Check("contract", not problems, "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)"
+                                                                      if len(problems) > 4 else ""))
+
+
+def check_params(j: Judgement) -> Check:
+    """A clip function must leave the parameters themselves untouched."""
+    changed = [f"rank {r}: {', '.join(rec['local'].get('params_changed', [])[:3])}"
+               for r, rec in enumerate(j.records) if rec["local"].get("params_changed")]
+    return Check("params", not changed, "" if not changed else "parameters changed: " + "; ".join(changed[:4]))
+
+
+def check_norm(j: Judgement) -> Check | None:
+    if not j.finite_truth or j.raised:
+        return None
+    reported, truth = j.reported, j.truth
+    rtol = tolerance(j.dtype)
+    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
+    if not bad:
+        return Check("norm", True)
+    ratios = {r: (reported[r] / truth if reported[r] is not None and truth else None) for r in bad}
+    return Check("norm", False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]))
+
+
+def check_agree(j: Judgement) -> Check | None:
+    if j.raised:
+        return None
+    values = {repr(v) for v in j.reported}
+    return Check("agree", len(values) == 1, "" if len(values) == 1 else "ranks report " + ", ".join(
+        f"{r}: {_fmt(v)}" for r, v in enumerate(j.reported)))
+
+
+def expected_coefficient(j: Judgement) -> float:
+    return clip_coefficient(j.case.max_norm, j.truth)
+
+
+def check_coefficient(j: Judgement) -> Check | None:
+    """Every gradient scaled by min(1, max_norm / (true + eps)), uniformly."""
+    if not j.finite_truth or j.raised:
+        return None
+    expected = expected_coefficient(j)
+    ctol = coefficient_tolerance(j.dtype)
+    worst: tuple[float, str] | None = None
+    for r, rec in enumerate(j.records):
+        for name, (c, residual) in rec["local"]["scale"].items():
+            off = abs(c - expected) / expected
+            uniform = residual <= 8 * UNIT_ROUNDOFF[j.dtype]
+            if (off > ctol or not uniform) and (worst is None or off > worst[0]):
+                how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
+                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
+    return Check("coefficient", worst is None, "" if worst is None else worst[1])
+
+
+def check_replicas(j: Judgement) -> Check:
+    diverged = [
+        f"{name} on {axis}"
+        for axis in j.mesh.names
+        if j.mesh.size(axis) > 1
+        for name in j.stats.names
+        if not j.pre.distinct[axis][name] and j.post.distinct[axis][name]
+    ]
+    return Check("replicas", not diverged,
+                 "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4]))
+
+
+def _outcome(j: Judgement, r: int) -> str:
+    rec = j.records[r]
+    if rec["error"] is not None:
+        if r in j.collateral:
+            return "collateral"
+        return "raised-nonfinite" if NONFINITE_ERROR.search(_message(rec["error"])) else "raised"
+    if rec.get("fault"):
+        return "fault"
+    v = rec["reported"]
+    return "nonfinite" if v is not None and not math.isfinite(v) else "finite"
+
+
+def check_nonfinite(j: Judgement) -> Check | None:
+    """With a non-finite gradient every rank must take the same deliberate action: report a
+    non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
+    gradients, or raise a documented non-finite error on every rank."""
+    if j.finite_truth:
+        return None
+    outcomes = [_outcome(j, r) for r in range(len(j.records))]
+    policies = [rec["local"].get("policies") for rec in j.records]
+    holders = [set(p) for p in policies if p is not None]
+    shared = set.intersection(*holders) if holders else {"any"}
+    if all(o == "raised-nonfinite" for o in outcomes) and not j.collateral:
+        return Check("nonfinite", True)
+    ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
+    detail = "" if ok else "per rank: " + ", ".join(
+        f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
+        for r, (o, p) in enumerate(zip(outcomes, policies)))
+    return Check("nonfinite", ok, detail)
+
+
+CHECKS: tuple[CheckFn, ...] = (
+    check_truth, check_raised, check_contract, check_params, check_norm, check_agree, check_coefficient,
+    check_replicas, check_nonfinite,
+)
+"""Every check, in report order: each a function of the whole case that returns its verdict, or None
+when it does not apply. ``evaluate`` runs them all."""
+
+
+def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[str]:
+    if norm is None or norm.passed:
+        return []
+    evidence = Evidence(
+        truth=j.truth,
+        norm_type=j.case.norm_type,
+        mesh=j.mesh,
+        local_norms=j.stats.local_norms(j.case.norm_type),
+        declared_norm=declared_norm(j.stats, j.mesh, j.case.variant.declared, j.case.norm_type),
+        declared_mismatches=mismatches,
+    )
+    return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype))
+
+
+def _median_coefficient(records: Sequence[Mapping[str, Any]]) -> float | None:
+    values = sorted(c for rec in records for c, _ in rec["local"]["scale"].values())
+    return values[len(values) // 2] if values else None
 
 
 def evaluate(
@@ -182,117 +369,27 @@ def evaluate(
     post: Replication,
     records: Sequence[Mapping[str, Any]],
 ) -> CaseResult:
-    mesh = case.layout.mesh
-    dtype = case.injection.dtype
-    rtol = tolerance(dtype)
-    reported: list[float | None] = [r["reported"] for r in records]
-    errors: list[str | None] = [r["error"] for r in records]
-    checks: list[Check] = []
-    signature: list[str] = []
-    mismatches = declared_mismatches(case.variant.declared, pre, stats, mesh)
-
-    truth_ok = norms_agree(measured, truth, 1e-9)
-    checks.append(
-        Check("truth", truth_ok, "" if truth_ok else
-              f"HARNESS ERROR: measured truth {measured!r} != constructive truth {truth!r}; the injected "
-              "gradients do not have the replication structure the layout describes")
-    )
-
-    finite_truth = math.isfinite(truth)
-    raised = [r for r, e in enumerate(errors) if e is not None]
-    collateral = {r for r in raised if _collateral(errors[r])}
-    if raised:
-        text = describe_errors(errors)
-        # raising on every rank, by itself, is a legitimate answer to a non-finite gradient
-        consistent_nonfinite_raise = not finite_truth and len(raised) == len(records) and not collateral
-        checks.append(Check("raised", consistent_nonfinite_raise, text))
-
-    if finite_truth and not raised:
-        bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
-        detail = ""
-        if bad:
-            ratios = {r: (reported[r] / truth if reported[r] is not None and truth else None) for r in bad}
-            detail = "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4])
-            evidence = Evidence(
-                truth=truth,
-                norm_type=case.norm_type,
-                mesh=mesh,
-                local_norms=stats.local_norms(case.norm_type),
-                declared_norm=declared_norm(stats, mesh, case.variant.declared, case.norm_type),
-                declared_mismatches=mismatches,
-            )
-            signature = explain([v for v in reported if v is not None], evidence, rtol)
-        checks.append(Check("norm", not bad, detail))
-
-    if not raised:
-        values = {repr(v) for v in reported}
-        checks.append(Check("agree", len(values) == 1,
-                            "" if len(values) == 1 else "ranks report " + ", ".join(
-                                f"{r}: {_fmt(v)}" for r, v in enumerate(reported))))
-
-    coefficient = None
-    if finite_truth and not raised:
-        expected = clip_coefficient(case.max_norm, truth)
-        ctol = coefficient_tolerance(dtype)
-        worst: tuple[float, str] | None = None
-        all_c: list[float] = []
-        for r, rec in enumerate(records):
-            for name in rec["local"]["vanished"]:
-                worst = (math.inf, f"rank {r}: {name} lost its gradient")
-            for name, (c, residual) in rec["local"]["scale"].items():
-                all_c.append(c)
-                off = abs(c - expected) / expected
-                uniform = residual <= 8 * UNIT_ROUNDOFF[dtype]
-                if (off > ctol or not uniform) and (worst is None or off > worst[0]):
-                    how = (f"scaled by {c:.6g}" if uniform
-                           else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})")
-                    worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
-        if all_c:
-            all_c.sort()
-            coefficient = all_c[len(all_c) // 2]
-        checks.append(Check("coefficient", worst is None, "" if worst is None else worst[1]))
-
-    diverged = [
-        f"{name} on {dim}"
-        for dim in mesh.names
-        if mesh.size(dim) > 1
-        for name in stats.names
-        if not pre.distinct[dim][name] and post.distinct[dim][name]
-    ]
-    checks.append(Check("replicas", not diverged,
-                        "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4])))
-
-    if not finite_truth:
-        outcome = [
-            ("collateral" if r in collateral else "raised") if e is not None
-            else ("nonfinite" if v is not None and not math.isfinite(v) else "finite")
-            for r, (e, v) in enumerate(zip(errors, reported))
-        ]
-        actions = ["unchanged" if rec["local"]["unchanged"] else "changed" for rec in records]
-        ok = len(set(outcome)) == 1 and outcome[0] in ("raised", "nonfinite") and len(set(actions)) == 1
-        detail = "" if ok else "per rank: " + ", ".join(
-            f"{r}: {o}/{a}" for r, (o, a) in enumerate(zip(outcome, actions)))
-        checks.append(Check("nonfinite", ok, detail))
-
-    if not truth_ok:
-        verdict = "ERROR"
-    elif all(c.passed for c in checks):
-        verdict = "PASS"
-    else:
-        verdict = "FAIL"
+    """Judge one case from every rank's record: run every check, explain a wrong norm."""
+    j = Judgement(case, truth, measured, stats, pre, post, records)
+    checks = [c for c in (fn(j) for fn in CHECKS) if c is not None]
+    mismatches = declared_mismatches(case.variant.declared, pre, stats, case.layout.mesh)
+    norm = next((c for c in checks if c.name == "norm"), None)
+    truth_ok = checks[0].passed
+    verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
+    coefficient = _median_coefficient(records) if j.finite_truth and not j.raised else None
     return CaseResult(
         case=case,
         verdict=verdict,
         truth=truth,
         measured_truth=measured,
-        reported=reported,
+        reported=j.reported,
         checks=checks,
-        signature=signature,
-        placements={name: pre.describe(name, mesh) for name in stats.names},
+        signature=_signature(j, mismatches, norm),
+        placements={name: pre.describe(name, case.layout.mesh) for name in stats.names},
         mismatches=mismatches,
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
-        errors=errors,
+        errors=j.errors,
     )
 
 
@@ -301,6 +398,14 @@ def skipped_result(case: CaseSpec) -> CaseResult:
     return CaseResult(case=case, verdict="SKIP", truth=math.nan, measured_truth=math.nan, reported=[],
                       checks=[Check("skip", True, case.skip or "")], signature=[], placements={}, mismatches=[],
                       coefficient=None, seconds=0.0)
+
+
+def unjudged_result(case: CaseSpec, check: str, detail: str, world_size: int, seconds: float = 0.0) -> CaseResult:
+    """A case that was not judged (a rank hung or died, the run was stopped): an ERROR, never a pass.
+    ``check`` names what happened: ``hang``, ``crash`` or ``not_run``."""
+    return CaseResult(case=case, verdict="ERROR", truth=math.nan, measured_truth=math.nan,
+                      reported=[None] * world_size, checks=[Check(check, False, detail)], signature=[],
+                      placements={}, mismatches=[], coefficient=None, seconds=seconds)
 
 
 def setup_failed_result(case: CaseSpec, truth: float, errors: Sequence[str | None], seconds: float) -> CaseResult:

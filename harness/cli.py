@@ -1,80 +1,64 @@
-"""``python -m harness``: run cases on every rank of a torchrun job and report on rank 0.
+"""``clipcheck`` (= ``python -m harness``): run cases on every rank of a launch, rank 0 reports.
 
-    torchrun --nproc_per_node=4 -m harness --scenario xorl_ep_lora
-    torchrun --nproc_per_node=4 -m harness --matrix matrix/default.toml --junit junit.xml
-    python -m harness --list
-    python -m harness matrix ...          # every world size, one torchrun each, merged (see launch.py)
-    python -m harness fuzz --target T     # hypothesis over drawn layouts on a warm world (see fuzz.py)
-    python -m harness --replay BLOB       # one case from a fuzz failure, on the world it needs
-    python -m harness compat R.jsonl      # the real frameworks' verdicts as a markdown table
+    clipcheck run --nproc 4 --scenario xorl_ep_lora       # launches the 4 ranks itself (launcher.py)
+    torchrun --nproc_per_node=4 -m harness --scenario xorl_ep_lora --junit junit.xml
+    clipcheck --list
+    clipcheck matrix ...          # every world size, one launch each, merged (see launch.py)
+    clipcheck fuzz --target T     # hypothesis over drawn layouts on a warm world (see fuzz.py)
+    clipcheck --replay BLOB       # one case from a fuzz failure, on the world it needs
+    clipcheck compat R.jsonl      # the real frameworks' verdicts as a markdown table
 
-Exit status: 0 all cases pass, 1 some case or metamorphic group fails, 2 bad input (reported before
-any process group is created), 3 a rank hung or died.
+Exit status (``verdicts``): 0 all cases pass, 1 some case or metamorphic group fails, 2 bad input
+(reported before any process group is created; an error on one rank only is printed with its rank),
+3 a rank hung or died, or a planned case was not judged. Under plain torchrun the ranks exit with
+these codes and torchrun itself exits 1 for any of them; ``clipcheck run`` returns them as they are.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from .case import CaseSpec, parse_norm_type
-from .junit import write_junit
-from .layout import LayoutError
-from .loading import LoadError
-from .matrix import MatrixSpec, load_matrix
-from .metamorphic import metamorphic_groups
-from .plan import Plan, UsageError, plan_cases
+from .errors import ClipcheckInputError
+from .execute import Executor
+from .matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
+from .plan import Plan, plan_cases
 from .progress import Progress
 from .registry import builtin_scenarios, registered_targets
 from .report import Reporter
-from .runner import run_case
-from .world import DeadRankError, DistWorld, default_backend
-
-
-def _csv(cast):
-    def parse(text: str):
-        try:
-            return tuple(cast(part.strip()) for part in text.split(",") if part.strip())
-        except (ValueError, LayoutError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
+from .verdicts import EXIT_BROKEN, EXIT_USAGE
+from .world import DistWorld, default_backend
 
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:
-    """What to run: the matrix axes. Shared by the run command and the multi-world launcher."""
+    """What to run: the matrix axes (``matrix.AXES``). Shared by every command that plans cases."""
     p.add_argument("--matrix", metavar="PATH", default=None, help="matrix file (TOML or JSON); flags override it")
-    p.add_argument("--scenario", type=_csv(str), default=None,
-                   help="scenario name(s), comma separated, or module:Class / file.py:Class (default: all)")
-    p.add_argument("--target", "--targets", dest="target", type=_csv(str), default=None,
-                   help="target name(s) or module:function / file.py:function (default: the scenario's)")
-    p.add_argument("--ep-size", type=_csv(int), default=None,
-                   help="expert-parallel size(s), comma separated (default: every valid size)")
-    p.add_argument("--norm-type", type=_csv(parse_norm_type), default=None,
-                   help="norm type(s): 2, 1, inf, ... (default: the scenario's)")
-    p.add_argument("--dtype", type=_csv(str), default=None, help="gradient dtype(s): fp32 (default), bf16, fp16, fp64")
-    p.add_argument("--max-norm", type=float, default=None,
-                   help="clip bound (default 0.5: below the true norm of every built-in case, so clipping is on)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the gradient values (default 0)")
-    p.add_argument("--variant", default=None, help="run only layout variants whose label contains this text")
+    add_axis_flags(p)
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective may block before the case fails (default 60)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m harness",
+        prog="clipcheck", allow_abbrev=False,
         description="Check that a gradient-norm clip counts every logical gradient exactly once "
         "across EP / FSDP / TP / DP ranks. Run under torchrun; rank 0 reports. "
-        "Subcommands: 'matrix' (every world size), 'fuzz' (hypothesis); see --help of each.",
+        "Subcommands: 'run' (launch N ranks), 'matrix' (every world size), 'fuzz' (hypothesis), "
+        "'compat' (the frameworks' table); see --help of each.",
     )
     p.add_argument("--list", action="store_true", help="list scenarios and targets, then exit")
     p.add_argument("--replay", metavar="BLOB", default=None, help="run the one case a fuzz failure printed")
+    p.add_argument("--allow-target-path", action="store_true",
+                   help="let a replay blob name a file-path target (it is executed on every rank)")
+    p.add_argument("--start-at", type=int, default=0, metavar="INDEX",
+                   help="run only the planned cases from this index on (a launcher resuming after a crash)")
     add_selection_options(p)
     p.add_argument("--json", metavar="PATH", default=None, help="write JSON Lines results, one per case as it ends")
     p.add_argument("--junit", metavar="PATH", default=None, help="write JUnit XML at the end")
@@ -88,16 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def spec_from_args(args: argparse.Namespace) -> MatrixSpec:
     base = load_matrix(args.matrix) if args.matrix else MatrixSpec()
-    return base.merged({
-        "scenarios": args.scenario,
-        "targets": args.target,
-        "ep_sizes": args.ep_size,
-        "norm_types": args.norm_type,
-        "dtypes": args.dtype,
-        "max_norm": args.max_norm,
-        "seed": args.seed,
-        "variant": args.variant,
-    })
+    return base.merged(flag_overrides(args))
 
 
 def print_listing() -> None:
@@ -116,21 +91,31 @@ def quiet_torch_warnings() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
+SUBCOMMANDS = {
+    "run": "harness.launcher",
+    "matrix": "harness.launch",
+    "compat": "harness.compat",
+    "fuzz": "harness.fuzz",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "matrix":
-        from .launch import main as matrix_main
-
-        return matrix_main(argv[1:])
-    if argv and argv[0] == "compat":
-        from .compat import main as compat_main
-
-        return compat_main(argv[1:])
-    if argv and argv[0] == "fuzz":
-        from .fuzz import main as fuzz_main
-
-        return fuzz_main(argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     return run_main(argv)
+
+
+def _distinct_errors(errors: Sequence[str | None]) -> list[str]:
+    """One line per distinct error; a message some ranks do not share names its ranks."""
+    by_message: dict[str, list[int]] = {}
+    for r, e in enumerate(errors):
+        if e is not None:
+            by_message.setdefault(e, []).append(r)
+    if len(by_message) == 1 and len(next(iter(by_message.values()))) == len(errors):
+        return list(by_message)
+    return [f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+            for message, ranks in by_message.items()]
 
 
 def run_main(argv: Sequence[str]) -> int:
@@ -140,70 +125,93 @@ def run_main(argv: Sequence[str]) -> int:
         return 0
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-
-    def fail(message: str, status: int) -> int:
-        if rank == 0:
-            print(f"clipcheck: error: {message}", file=sys.stderr, flush=True)
-        return status
-
     backend = args.backend or default_backend()
-    if backend == "nccl" and not torch.cuda.is_available():
-        return fail("--backend nccl needs CUDA, and none is available here", 2)
-    if not args.timeout > 0:
-        return fail("--timeout must be positive", 2)
+    error = None
+    plan = None
     try:
-        if args.replay:
+        error = usage_problem(args, backend)
+        if error is None and args.replay:
             from .replay import replay_on_pool, replay_plan
 
             if "WORLD_SIZE" not in os.environ:  # no launcher: start the world the case needs
-                return replay_on_pool(args.replay, args.backend, args.timeout, args.json, args.verbose)
-            plan = replay_plan(args.replay, world_size)
-        else:
+                return replay_on_pool(args.replay, args.backend, args.timeout, args.json, args.verbose,
+                                      args.allow_target_path)
+            plan = replay_plan(args.replay, world_size, args.allow_target_path)
+        elif error is None:
             plan = plan_cases(spec_from_args(args), world_size, backend)
-    except (UsageError, LayoutError, LoadError) as exc:
-        return fail(str(exc), 2)
-    return execute(plan, args, backend, rank, world_size)
+    except ClipcheckInputError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - user code imported while planning may raise anything
+        error = f"planning failed: {type(exc).__name__}: {exc}"
+    # every rank planned on its own: agree through the store before any process group exists, so an
+    # error on one rank only (its import of the target failed) is reported, with its rank, by rank 0
+    agree = world_size > 1 and "MASTER_ADDR" in os.environ
+    world = DistWorld(backend, args.timeout, start=False) if agree or error is None else None
+    errors = [error] if world is None else [
+        s["error"] for s in world.allgather_json("startup", {"error": error}, world.timeout_s + 60)]
+    if any(e is not None for e in errors):
+        if rank == 0:
+            for line in _distinct_errors(errors):
+                print(f"clipcheck: error: {line}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    assert plan is not None and world is not None
+    world.start()
+    return execute(world, plan, args, backend, rank, world_size)
 
 
-def execute(plan: Plan, args: argparse.Namespace, backend: str, rank: int, world_size: int) -> int:
+def usage_problem(args: argparse.Namespace, backend: str) -> str | None:
+    """Bad input the parser cannot see, as one line; None when there is none."""
+    if backend == "nccl" and not torch.cuda.is_available():
+        return "--backend nccl needs CUDA, and none is available here"
+    if not args.timeout > 0:
+        return "--timeout must be positive"
+    if args.start_at < 0:
+        return "--start-at must be 0 or more"
+    for flag, path in (("--json", args.json), ("--junit", args.junit)):
+        problem = unwritable(path)
+        if problem:
+            return f"{flag} {path}: {problem}"
+    return None
+
+
+def unwritable(path: str | None) -> str | None:
+    """Why a results file cannot be written there (checked before any process starts), or None."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return "is a directory"
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        return f"no such directory {str(folder)!r}"
+    existed = target.exists()
+    try:  # the only honest test of writability (root passes os.access on /proc, say)
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"not writable ({exc.strerror or exc})"
+    if not existed:
+        target.unlink()
+    return None
+
+
+def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str, rank: int, world_size: int) -> int:
     """Run every planned case on this rank; rank 0 reports. Returns the exit status."""
     quiet_torch_warnings()
-    world = DistWorld(backend, args.timeout)
     frameworks = {name: t.framework_version() for name, t in plan.targets.items()} if rank == 0 else {}
-    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, frameworks) if rank == 0 else None
+    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, frameworks, args.junit,
+                        append=args.start_at > 0) if rank == 0 else None
     progress = Progress(len(plan.cases), enabled=bool(rank == 0 and (
         args.progress if args.progress is not None else sys.stderr.isatty())))
-    try:
-        if reporter:
-            reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
-        results = []
-        for case in plan.cases:
-            result = run_case(world, case, plan.scenarios[case.scenario], plan.targets[case.target])
-            if reporter and result is not None:
-                progress.clear()
-                reporter.case(result)
-                results.append(result)
-            progress.advance(_short(case))
-        progress.finish()
-        ok = True
-        if reporter:
-            groups = metamorphic_groups(results)
-            reporter.metamorphic(groups)
-            ok = reporter.summary(results, groups)
-            if args.junit:
-                write_junit(args.junit, reporter.records)
-    except DeadRankError as exc:
-        print(f"clipcheck: rank {rank}: {exc}", file=sys.stderr, flush=True)
-        return 3
-    finally:
-        if reporter:
-            reporter.close()
-    world.close()
-    return 0 if ok else 1
-
-
-def _short(case: CaseSpec) -> str:
-    return f"{case.scenario} {case.target}"
+    if reporter:
+        header_notes = plan.notes + plan.drop_lines()
+        if args.start_at:
+            header_notes.append(f"resuming at case {args.start_at}")
+        reporter.header(len([c for c in plan.cases if c.index >= args.start_at]), header_notes)
+    status = Executor(world, plan, reporter, progress, args.start_at).run()
+    if status != EXIT_BROKEN:
+        world.close()
+    return status
 
 
 def main_entry() -> None:

@@ -4,7 +4,11 @@
 
 Hypothesis draws cases (``harness.strategies``) in this process; each runs on a warm world of ranks
 (``RankPool``), so an example costs milliseconds. The property is "the harness's verdict is PASS".
-A failure is shrunk to a minimal layout and printed with a one-line replay command.
+A failure is shrunk to a minimal layout and printed with a one-line replay command. A case the
+harness could not judge (a rank hung or died) ends the search at once, unshrunk: each such example
+costs a restart of the world, and the first one already names the rank and the cause.
+
+Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank hung or died.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -21,11 +25,12 @@ from hypothesis import seed as hypothesis_seed
 from .checks import CaseResult
 from .loading import LoadError
 from .pool import RankPool
-from .pooled import PoolRunError, run_case_on_pool
+from .pooled import run_case_on_pool
 from .registry import registered_targets
 from .replay import case_spec, replay_command
 from .strategies import DrawnCase, DrawnScenario, drawn_cases
 from .targets import resolve_target
+from .verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
 
 @dataclass
@@ -55,29 +60,35 @@ class _Failed(AssertionError):
 
 
 def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None, shrink: bool = True,
-         derandomize: bool = False, on_example: Callable[[int, CaseResult], None] | None = None) -> FuzzReport:
-    """Fuzz ``target`` on ``pool``'s world for up to ``examples`` drawn cases."""
+         derandomize: bool = False, on_example: Callable[[int, CaseResult], None] | None = None,
+         database: Any = None) -> FuzzReport:
+    """Fuzz ``target`` on ``pool``'s world for up to ``examples`` drawn cases. ``database``: a
+    hypothesis example database (e.g. ``DirectoryBasedExampleDatabase(".hypothesis")``) to replay
+    earlier failures first; None (the default) keeps nothing between runs."""
     resolve_target(target, registered_targets())
     scenario = DrawnScenario()
     report = FuzzReport(target, pool.world_size, 0, 0.0)
     phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
 
-    @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize, phases=phases,
+    @settings(max_examples=examples, deadline=None, database=database, derandomize=derandomize, phases=phases,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(drawn_cases(pool.world_size))
     def property_holds(drawn: DrawnCase) -> None:
+        if report.crash is not None:  # no shrinking after a crash: only the crashed example fails
+            if drawn == report.minimal:
+                _fail(report.crash)
+            return
         report.examples += 1
-        try:
-            result = run_case_on_pool(pool, case_spec(drawn, target), scenario)
-        except PoolRunError as exc:
-            report.crash = str(exc)
-            _record_failure(report, drawn, None)
-            raise _Failed(str(exc)) from None
+        result = run_case_on_pool(pool, case_spec(drawn, target), scenario)
+        if result.verdict == "ERROR" and result.checks and result.checks[0].name in ("hang", "crash"):
+            report.crash = f"{result.checks[0].name}: {result.checks[0].detail}"
+            _record_failure(report, drawn, result)
+            _fail(report.crash)
         if on_example is not None:
             on_example(report.examples, result)
         if result.verdict != "PASS":
             _record_failure(report, drawn, result)
-            raise _Failed(result.verdict)
+            _fail(result.verdict)
 
     if seed is not None:
         property_holds = hypothesis_seed(seed)(property_holds)
@@ -88,6 +99,12 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
         pass
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _fail(message: str) -> None:
+    """Every failure is raised from this one line: hypothesis replays the minimal example and calls
+    the run flaky if the failure comes from a different place than when it was found."""
+    raise _Failed(message)
 
 
 def _record_failure(report: FuzzReport, drawn: DrawnCase, result: CaseResult | None) -> None:
@@ -116,7 +133,7 @@ def describe(report: FuzzReport) -> list[str]:
         present = "" if spec.present_ranks is None else f" on ranks {sorted(spec.present_ranks)}"
         lines.append(f"    {spec.name} {list(spec.shape)} {placement}{present}")
     if report.crash:
-        lines.append(f"  harness crash: {report.crash}")
+        lines.append(f"  not judged ({report.crash.splitlines()[0]}); the search stopped without shrinking")
     if report.result is not None:
         r = report.result
         lines.append(f"  verdict {r.verdict}: reported {r.reported[0] if r.reported else None} true {r.truth}")
@@ -127,7 +144,7 @@ def describe(report: FuzzReport) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness fuzz",
+    p = argparse.ArgumentParser(prog="clipcheck fuzz", allow_abbrev=False,
                                 description="Fuzz clip functions over layouts drawn by hypothesis, on a warm world.")
     p.add_argument("--target", required=True, help="target name(s), comma separated, or module:function")
     p.add_argument("--examples", type=int, default=100, help="examples per target (default 100)")
@@ -147,13 +164,16 @@ def main(argv: Sequence[str]) -> int:
             raise LoadError("--examples and --world must be positive")
         for t in targets:
             resolve_target(t, registered_targets())
+        if not args.timeout > 0:
+            raise LoadError("--timeout must be positive")
     except LoadError as exc:
         print(f"clipcheck: error: {exc}", file=sys.stderr)
-        return 2
-    failed = 0
+        return EXIT_USAGE
+    status = EXIT_PASS
     with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
         for t in targets:
             report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
-            failed += not report.passed
+            if not report.passed:
+                status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
             print("\n".join(describe(report)), flush=True)
-    return 1 if failed else 0
+    return status

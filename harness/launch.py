@@ -1,12 +1,16 @@
-"""``python -m harness matrix``: the matrix over several world sizes and backends, one torchrun launch
-per (world size, backend), merged into one table, one JSON Lines file and one JUnit file.
+"""``clipcheck matrix`` (= ``python -m harness matrix``, ``run_matrix.sh``): the matrix over several
+world sizes and backends, one ``clipcheck run`` launch per (world size, backend), merged into one
+summary, one JSON Lines file, one JUnit file and one HTML page.
 
-    python -m harness matrix --nproc-list 1,2,4,8 --backends gloo --out results
+    clipcheck matrix --nproc-list 1,2,4,8 --backends gloo --out results
     NPROC_LIST="2 4" ./run_matrix.sh --targets reference
 
 Every launch is planned here first, so bad input and impossible combinations are reported before any
-process starts. Each launch runs all of its cases in one process group (cases cost milliseconds);
-its rank 0 writes JSON Lines as cases finish, so a launch that crashes keeps what it measured.
+process starts. Each launch gets the serialized spec (``matrix.json`` in the output folder), never a
+copy of this command's argv. A launch that does not judge every planned case is a crash: each
+missing case becomes an ERROR record with the cause, it is counted and shown, and the exit status is
+3. SIGINT or SIGTERM stops the launch in flight (the signal goes to its whole process group), waits
+for it, and still merges what finished.
 """
 
 from __future__ import annotations
@@ -14,35 +18,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from .checks import unjudged_result
 from .cli import add_selection_options, spec_from_args
+from .errors import ClipcheckInputError
 from .junit import write_junit
-from .layout import LayoutError
-from .loading import LoadError
-from .plan import UsageError, plan_cases
-from .report import read_records
+from .matrix_view import compact_summary, write_html
+from .metamorphic import metamorphic_groups
+from .plan import Plan, UsageError, plan_cases
+from .report import case_json, metamorphic_json, read_records
+from .verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
 
 DEFAULT_MATRIX = "default_matrix.toml"
+STOP_GRACE_S = 30.0
 
 
 @dataclass
 class Launch:
     world_size: int
     backend: str
-    cases: int
+    plan: Plan
     jsonl: Path
     log: Path
     returncode: int | None = None
     seconds: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tag(self) -> str:
+        return f"world {self.world_size} {self.backend}"
 
 
 def default_matrix_path() -> str:
@@ -50,13 +64,14 @@ def default_matrix_path() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness matrix",
-                                description="Run the matrix at every world size (one torchrun each) and merge.")
+    p = argparse.ArgumentParser(prog="clipcheck matrix", allow_abbrev=False,
+                                description="Run the matrix at every world size (one launch each) and merge.")
     p.add_argument("--nproc-list", default=os.environ.get("NPROC_LIST", "1,2,4,8"),
                    help="world sizes, comma or space separated (env NPROC_LIST; default 1,2,4,8)")
     p.add_argument("--backends", default=os.environ.get("BACKENDS", ""),
                    help="backends (env BACKENDS; default nccl with CUDA, else gloo)")
     p.add_argument("--out", default="results", help="folder for per-launch logs and merged results")
+    p.add_argument("--verbose", action="store_true", help="print every case, not only the summary and failures")
     add_selection_options(p)
     return p
 
@@ -65,37 +80,19 @@ def _split(text: str) -> list[str]:
     return [x for x in text.replace(",", " ").split() if x]
 
 
-def _passthrough(argv: Sequence[str]) -> list[str]:
-    """The selection flags, verbatim, for each torchrun launch (launcher-only flags removed)."""
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in ("--nproc-list", "--backends", "--out", "--matrix"):
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return out
-
-
-def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
-    if args.matrix is None:
-        args.matrix = default_matrix_path()
+def plan_launches(args: argparse.Namespace, out: Path) -> tuple[list[Launch], list[str]]:
+    """Every (backend, world) launch, planned; what cannot run here is listed, not launched."""
     try:
         worlds = [int(w) for w in _split(args.nproc_list)]
-        if not worlds or min(worlds) < 1:
-            raise ValueError("--nproc-list needs positive world sizes")
-        spec = spec_from_args(args)
-    except (ValueError, LayoutError, LoadError) as exc:
-        print(f"clipcheck: error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError:
+        raise ClipcheckInputError(f"--nproc-list needs whole numbers, got {args.nproc_list!r}") from None
+    if not worlds or min(worlds) < 1:
+        raise ClipcheckInputError("--nproc-list needs positive world sizes")
+    spec = spec_from_args(args)
     backends = _split(args.backends) or list(spec.backends) or ["nccl" if torch.cuda.is_available() else "gloo"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
+    for backend in backends:
+        if backend not in ("gloo", "nccl"):
+            raise ClipcheckInputError(f"unknown backend {backend!r} (known: gloo, nccl)")
     launches, skipped = [], []
     for backend in backends:
         if backend == "nccl" and not torch.cuda.is_available():
@@ -111,76 +108,158 @@ def main(argv: Sequence[str]) -> int:
                 skipped.append(f"world {world} {backend}: {exc}")
                 continue
             tag = f"world{world}-{backend}"
-            launches.append(Launch(world, backend, len(plan.cases), out / f"{tag}.jsonl", out / f"{tag}.log"))
-    for line in skipped:
-        print(f"skipped: {line}", flush=True)
-    if not launches:
-        print("clipcheck: error: nothing to launch", file=sys.stderr)
-        return 2
-
-    passthrough = _passthrough(argv) + ["--matrix", args.matrix]
-    for launch in launches:
-        _run(launch, passthrough)
-    return _merge(launches, out)
+            launches.append(Launch(world, backend, plan, out / f"{tag}.jsonl", out / f"{tag}.log"))
+    return launches, skipped
 
 
-def _run(launch: Launch, passthrough: list[str]) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={launch.world_size}",
-           "-m", "harness", *passthrough, "--backend", launch.backend, "--json", str(launch.jsonl), "--no-progress"]
-    print(f"launch: world {launch.world_size} {launch.backend}: {launch.cases} cases ...", end="", flush=True)
+class _Interrupt:
+    """SIGINT/SIGTERM while a launch runs: forward to its process group, remember, finish merging."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _run(launch: Launch, spec_path: Path, timeout: float, interrupt: _Interrupt) -> None:
+    cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(launch.world_size), "--backend", launch.backend,
+           "--matrix", str(spec_path), "--timeout", str(timeout), "--json", str(launch.jsonl), "--no-progress"]
+    print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.perf_counter()
     with open(launch.log, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        interrupt.proc = proc
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=STOP_GRACE_S if interrupt.signum else None)
+                    break
+                except subprocess.TimeoutExpired:  # stopped, and still not gone: end it
+                    os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            interrupt.proc = None
     launch.returncode, launch.seconds = proc.returncode, time.perf_counter() - start
-    done = len(_records(launch.jsonl, "case"))
-    state = {0: "all passed", 1: "some failed"}.get(proc.returncode, f"CRASHED (exit {proc.returncode})")
-    print(f" {done}/{launch.cases} judged, {state} in {launch.seconds:.1f} s (log {launch.log})", flush=True)
+    launch.records = _launch_records(launch)
+    judged = sum(1 for r in launch.records if r["type"] == "case" and not is_unjudged(r))
+    c = count(launch.records)
+    state = "interrupted" if interrupt.signum else c.word if launch.returncode in (0, 1, 3) else \
+        f"CRASHED (exit {launch.returncode})"
+    print(f" {judged}/{len(launch.plan.cases)} judged, {state} in {launch.seconds:.1f} s (log {launch.log})",
+          flush=True)
 
 
-def _records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
-    recs = read_records(str(path)) if path.exists() else []
-    return [r for r in recs if kind is None or r.get("type") == kind]
+def _launch_records(launch: Launch) -> list[dict[str, Any]]:
+    """The launch's case records, and an ERROR for every planned case it has no record of."""
+    found = {}
+    if launch.jsonl.exists():
+        found = {r["index"]: r for r in read_records(str(launch.jsonl)) if r.get("type") == "case"}
+    cause = (f"the launch of {launch.tag} ended (exit status {launch.returncode}) before judging this case; "
+             f"see {launch.log}")
+    out = []
+    for case in launch.plan.cases:
+        rec = found.get(case.index)
+        if rec is None:
+            rec = case_json(unjudged_result(case, "not_run", cause, launch.world_size), launch.world_size,
+                            launch.backend)
+        out.append(rec)
+    return out
 
 
-def _merge(launches: list[Launch], out: Path) -> int:
-    records = [r for launch in launches for r in _records(launch.jsonl) if r.get("type") != "summary"]
-    cases = [r for r in records if r["type"] == "case"]
-    meta = [r for r in records if r["type"] == "metamorphic"]
-    with open(out / "results.jsonl", "w") as f:
-        for r in records:
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.matrix is None:
+        args.matrix = default_matrix_path()
+    out = Path(args.out)
+    try:
+        if out.exists() and not out.is_dir():
+            raise ClipcheckInputError(f"--out {args.out}: not a directory")
+        launches, skipped = plan_launches(args, out)
+        if not launches:
+            raise ClipcheckInputError("nothing to launch" + "".join(f"; {line}" for line in skipped))
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise ClipcheckInputError(f"--out {args.out}: not writable")
+    except (ClipcheckInputError, OSError) as exc:
+        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in skipped:
+        print(f"skipped: {line}", flush=True)
+    spec_path = out / "matrix.json"
+    spec_path.write_text(json.dumps(spec_from_args(args).to_mapping(), indent=1))
+
+    interrupt = _Interrupt()
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for launch in launches:
+            if interrupt.signum:
+                break
+            _run(launch, spec_path, args.timeout, interrupt)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    status = merge(launches, out, args.verbose)
+    if interrupt.signum:
+        print(f"matrix: interrupted by {signal.Signals(interrupt.signum).name}; merged what finished", flush=True)
+        return 128 + interrupt.signum
+    return status
+
+
+def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
+    """One results.jsonl, junit.xml and report.html over every launch that ran; the exit status."""
+    ran = [launch for launch in launches if launch.returncode is not None]
+    cases = [r for launch in ran for r in launch.records]
+    groups = [metamorphic_json(g, launch.backend) for launch in ran for g in metamorphic_groups(launch.records)]
+    counts = count(cases + groups)
+    everything = cases + groups + [counts.as_record()]
+    with open(out / "results.jsonl", "w", encoding="utf-8") as f:
+        for r in everything:
             f.write(json.dumps(r) + "\n")
-    write_junit(str(out / "junit.xml"), records)
+    write_junit(str(out / "junit.xml"), everything)
+    report = write_html(everything, out / "report.html")
+    print("\n" + "\n".join(compact_summary(everything)))
+    print_merged(cases, groups, ran, verbose)
+    crashed = [launch for launch in ran if launch.returncode not in (0, 1)]
+    print(f"\nmatrix: {len(ran)} launches, {counts.line()}; {len(crashed)} launches crashed")
+    print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
+    print(f"report: {report}")
+    return EXIT_BROKEN if crashed else counts.status
 
-    print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
-          f"{'ratio':<10}verdict")
-    for r in cases:
-        ratio = "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
-        print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
-              f"{r['norm']:<6}{r['dtype']:<6}{str(ratio):<10}{r['verdict']}")
-    failed = [r for r in cases if r["verdict"] in ("FAIL", "ERROR")]
-    skipped = sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"})
-    meta_failed = [m for m in meta if not m["passed"]]
-    crashed = [launch for launch in launches if launch.returncode not in (0, 1)]
+
+def _ratio(r: dict[str, Any]) -> str:
+    return "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
+
+
+def print_merged(cases: list[dict[str, Any]], groups: list[dict[str, Any]], ran: list[Launch],
+                 verbose: bool) -> None:
+    if verbose:
+        print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
+              f"{'ratio':<10}verdict")
+        for r in cases:
+            print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
+                  f"{r['norm']:<6}{r['dtype']:<6}{_ratio(r):<10}{r['verdict']}")
+    # every failure with --verbose; without it only what was not judged (the summary counts the rest)
+    failed = [r for r in cases if r["verdict"] == "ERROR" or (verbose and r["verdict"] == "FAIL")]
     if failed:
-        print("\nfailures:")
+        print("\nfailures:" if verbose else "\nnot judged (errors):")
         for r in failed:
             checks = ", ".join(n for n, c in r["checks"].items() if not c["passed"])
             sig = f"  [{r['signature'][0]}]" if r["signature"] else ""
             print(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {r['norm']} "
                   f"{r['dtype']}: {checks}{sig}")
-    for m in meta_failed:
-        print(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} {m['dtype']}: "
-              f"coefficient gap {m['gap']:.7f}")
-    for launch in crashed:
-        print(f"  launch world {launch.world_size} {launch.backend} crashed (exit {launch.returncode}); "
-              f"see {launch.log}")
-    for reason in skipped:
+    for m in groups if verbose else ():
+        if not m["passed"]:
+            print(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} {m['dtype']}: "
+                  f"coefficient gap {m['gap']:.7f}")
+    for launch in ran:
+        if launch.returncode not in (0, 1):
+            print(f"  launch {launch.tag} crashed (exit {launch.returncode}); see {launch.log}")
+    for reason in sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"}):
         print(f"  skipped: {reason}")
-    ok = not failed and not meta_failed and not crashed
-    n_skipped = sum(r["verdict"] == "SKIP" for r in cases)
-    print(f"\nmatrix: {len(launches)} launches, {len(cases)} cases, {len(cases) - len(failed) - n_skipped} passed, "
-          f"{len(failed)} failed, {n_skipped} skipped; metamorphic {len(meta)} groups, {len(meta_failed)} failed; "
-          f"{len(crashed)} launches crashed => {'PASS' if ok else 'FAIL'}")
-    print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
-    return 0 if ok else (3 if crashed else 1)

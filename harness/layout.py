@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Union
+from .errors import ClipcheckInputError
 
 
-class LayoutError(ValueError):
+class LayoutError(ClipcheckInputError):
     """A layout, mesh or case that cannot exist; raised before any process group is touched."""
 
 

@@ -7,9 +7,10 @@ import importlib.util
 import os
 import sys
 from typing import Any
+from .errors import ClipcheckInputError
 
 
-class LoadError(ValueError):
+class LoadError(ClipcheckInputError):
     """A ``module:attr`` or ``file.py:attr`` reference that cannot be resolved."""
 
 
@@ -25,6 +26,7 @@ def load_object(reference: str) -> Any:
     if location.endswith(".py") or os.sep in location or "/" in location:
         module = _load_file(location, reference)
     else:
+        _working_directory_importable()
         try:
             module = importlib.import_module(location)
         except ImportError as exc:
@@ -36,6 +38,15 @@ def load_object(reference: str) -> Any:
         except AttributeError:
             raise LoadError(f"{location!r} has no attribute {attr!r}") from None
     return obj
+
+
+def _working_directory_importable() -> None:
+    """``--target my_clip:clip`` finds ``my_clip.py`` in the working directory, as ``python -m`` would,
+    also from the ``clipcheck`` script (which does not put it on sys.path). It goes last, so nothing
+    there shadows an installed package."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _load_file(path: str, reference: str) -> Any:

@@ -2,19 +2,23 @@
 
 It needs no ground truth at all, which is why it is worth having beside the per-case checks: a clip
 whose coefficient moves when the *same* expert gradients are merely redistributed over ranks is
-wrong, whatever it reports.
+wrong, whatever it reports. It reads case records (the JSON Lines form), so a single launch and a
+launcher merging several agree on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
-from .checks import CaseResult, coefficient_tolerance, tolerance
+from .checks import coefficient_tolerance, tolerance
 from .oracle import norms_agree
+from .case import bound_label
 
 
 @dataclass
 class MetamorphicResult:
+    world_size: int
     key: str
     scenario: str
     target: str
@@ -22,6 +26,7 @@ class MetamorphicResult:
     dtype: str
     coefficients: dict[str, float]
     norms: dict[str, float]
+    bound: str = ""  # the bound label ("x0.5": a ratio of the true norm, or an absolute max_norm)
 
     @property
     def gap(self) -> float:
@@ -36,19 +41,19 @@ class MetamorphicResult:
         return coefficient_ok and norm_ok
 
 
-def metamorphic_groups(results: list[CaseResult]) -> list[MetamorphicResult]:
-    """Group finished cases by (scenario, target, norm, dtype, bound, invariance key) over layouts."""
+def metamorphic_groups(records: Iterable[Mapping[str, Any]]) -> list[MetamorphicResult]:
+    """Group judged case records by (world, scenario, target, norm, dtype, bound, invariance key)."""
     groups: dict[tuple, MetamorphicResult] = {}
-    for r in results:
-        key = r.case.variant.invariance_key
-        reported = r.reported[0] if r.reported else None
-        if key is None or r.coefficient is None or reported is None:
+    for r in records:
+        key = r.get("invariance_key")
+        reported = r["reported"][0] if r.get("reported") else None
+        if r.get("type") != "case" or key is None or r.get("coefficient") is None or not isinstance(reported, float):
             continue
-        case = r.case
-        gid = (case.scenario, case.target, case.norm_label, case.injection.dtype, case.max_norm, key)
-        group = groups.setdefault(
-            gid, MetamorphicResult(key, case.scenario, case.target, case.norm_label, case.injection.dtype, {}, {})
-        )
-        group.coefficients[case.variant.label] = r.coefficient
-        group.norms[case.variant.label] = reported
+        bound = r.get("clip_ratio") if r.get("clip_ratio") is not None else r["max_norm"]
+        gid = (r["world_size"], r["scenario"], r["target"], r["norm"], r["dtype"], bound, key)
+        group = groups.setdefault(gid, MetamorphicResult(r["world_size"], key, r["scenario"], r["target"], r["norm"],
+                                                         r["dtype"], {}, {}, bound_label(r.get("clip_ratio"),
+                                                                                         r["max_norm"])))
+        group.coefficients[r["layout"]] = r["coefficient"]
+        group.norms[r["layout"]] = reported
     return [g for g in groups.values() if len(g.coefficients) >= 2]

@@ -30,6 +30,16 @@ def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tup
     return tuple(out)
 
 
+def parameter_values(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Cheap, non-zero, exactly representable values (1, 1.125, ..., 1.875) for the parameters
+    themselves: a target that scales or overwrites parameters instead of gradients changes them
+    visibly (zeros would hide ``p.mul_(c)``)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    return (1 + (torch.arange(numel, device=device) % 8) / 8).to(dtype).reshape(shape)
+
+
 def _install(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
     *path, leaf = dotted.split(".")
     module = root
@@ -58,7 +68,7 @@ def build_model(
         box = layout.local_box(spec, rank)
         if box is None:
             continue
-        data = torch.zeros(tuple(b - a for a, b in box), dtype=injection.torch_dtype, device=device)
+        data = parameter_values(tuple(b - a for a, b in box), injection.torch_dtype, device)
         if dtensor_placements is not None:
             assert mesh is not None
             placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)

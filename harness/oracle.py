@@ -17,8 +17,9 @@ reported as a harness error rather than blamed on the function under test.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -138,10 +139,11 @@ def measure_replication(
     stats: StatsTable,
     mesh: MeshSpec,
     dim_groups: Mapping[str, dist.ProcessGroup],
-    world_group: dist.ProcessGroup,
+    world_group: dist.ProcessGroup | None,
     device: torch.device,
 ) -> Replication:
-    """MAX-MIN of raw bits per mesh dim, bucketed; then one MAX over the world to merge groups."""
+    """MAX-MIN of raw bits per mesh dim, bucketed; then one MAX over the world to merge groups
+    (``world_group`` None: this rank's own view, for ``merged``)."""
     if not names:
         return Replication({dim: {} for dim in mesh.names})
     lengths = []
@@ -178,20 +180,31 @@ def measure_replication(
     for axis, dim in enumerate(mesh.names):
         if mesh.size(dim) == 1 or not names:
             continue
-        hi, lo = high.clone(), low.clone()
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=dim_groups[dim])
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=dim_groups[dim])
+        # MAX and MIN in one collective: MIN(x) = -MAX(-x), in int64 so that negating int32 words
+        # (INT32_MIN among them) cannot overflow
+        both = torch.cat([high.to(torch.int64), -low.to(torch.int64)])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=dim_groups[dim])
+        hi, lo = both[: high.numel()], -both[high.numel():]
         spread = (hi != lo).to(torch.int32)
         # a segment nobody in the group holds stays at the sentinels: that is "absent", not a spread
         nobody = hi[torch.tensor(offsets[:-1], device=device)] == _MISSING_MAX
         per_param = torch.zeros(len(names), dtype=torch.int32, device=device)
         per_param.index_add_(0, segment, spread)
         flags[axis] = ((per_param > 0) & ~nobody).to(torch.int32)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=world_group)
+    if world_group is not None:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=world_group)
     flags = flags.cpu()
     return Replication(
         {dim: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, dim in enumerate(mesh.names)}
     )
+
+
+def merged(views: Sequence[Replication]) -> Replication:
+    """The world's replication from each rank's own view (a spread any group saw): what the world
+    MAX of ``measure_replication`` gives, merged where the views arrive anyway (rank 0's records)."""
+    dims = views[0].distinct if views else {}
+    return Replication({dim: {name: any(v.distinct[dim][name] for v in views) for name in names}
+                        for dim, names in dims.items()})
 
 
 def weighted_norm(
@@ -249,6 +262,28 @@ def constructive_norm(layout: Layout, injection: Injection, norm_type: float) ->
     for spec in layout.trainable:
         total = combine(total, pow_sum(logical_grad(layout, injection, spec), norm_type), norm_type)
     return root(total, norm_type)
+
+
+_TRUTHS: "OrderedDict[int, tuple[Any, dict[float, float]]]" = OrderedDict()
+_TRUTHS_KEPT = 64
+
+
+def variant_truth(variant: Any, norm_type: float) -> float:
+    """``constructive_norm`` of a variant, computed once per (variant, norm type): planning needs it
+    for every target and bound of the variant (the clip ratios scale it) and rank 0 again to judge,
+    and hashing every logical element each time made planning a third of a launch's CPU at world 8.
+    Keyed by the variant object (kept alive while cached, so its id cannot be reused)."""
+    entry = _TRUTHS.get(id(variant))
+    if entry is None or entry[0] is not variant:
+        entry = (variant, {})
+        _TRUTHS[id(variant)] = entry
+        while len(_TRUTHS) > _TRUTHS_KEPT:
+            _TRUTHS.popitem(last=False)
+    _TRUTHS.move_to_end(id(variant))
+    norms = entry[1]
+    if norm_type not in norms:
+        norms[norm_type] = constructive_norm(variant.layout, variant.injection, norm_type)
+    return norms[norm_type]
 
 
 def norms_agree(a: float, b: float, rtol: float) -> bool:

@@ -12,20 +12,23 @@ is dropped and counted under its reason; only when nothing is left is that an er
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .errors import ClipcheckInputError
 from .case import CaseSpec, Variant, norm_label
 from .injection import DTYPES
 from .layout import LayoutError
 from .loading import LoadError
 from .matrix import MatrixSpec
+from .oracle import variant_truth
 from .registry import builtin_scenarios, registered_targets, resolve_scenario
 from .scenario import Scenario, ScenarioOptions
 from .targets import Target, resolve_target
 
 
-class UsageError(ValueError):
+class UsageError(ClipcheckInputError):
     """Bad input, reported as one clear line."""
 
 
@@ -58,8 +61,13 @@ def plan_cases(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
 
 
 def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
-    if not spec.max_norm > 0:
+    if spec.max_norm is not None and not (math.isfinite(spec.max_norm) and spec.max_norm > 0):
         raise UsageError(f"max_norm must be positive, got {spec.max_norm}")
+    if spec.max_norm is None and not spec.clip_ratios:
+        raise UsageError("no clip bound: give clip_ratios or max_norm")
+    for ratio in spec.clip_ratios:
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise UsageError(f"clip ratios must be positive, got {ratio}")
     for dtype in spec.dtypes:
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
@@ -114,11 +122,23 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                         plan.dropped[f"target {target_name} supports norm types "
                                      f"{', '.join(norm_label(n) for n in resolved.norm_types)} only"] += 1
                         continue
-                    plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
-                                               spec.max_norm, skips[target_name]))
+                    for max_norm, ratio in bounds(spec, variant, norm_type):
+                        plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
+                                                   max_norm, skips[target_name], ratio))
     if spec.variant and not plan.cases:
         raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
     return plan
+
+
+def bounds(spec: MatrixSpec, variant: Variant, norm_type: float) -> list[tuple[float, float | None]]:
+    """The clip bounds of one variant: the absolute ``max_norm``, or each ratio times the variant's
+    true norm (computed from the generator alone, so planning stays free of communication). A
+    non-finite truth has no scale: its ratios are used as bounds directly."""
+    if spec.max_norm is not None:
+        return [(spec.max_norm, None)]
+    truth = variant_truth(variant, norm_type)
+    scale = truth if math.isfinite(truth) and truth > 0 else 1.0
+    return [(ratio * scale, ratio) for ratio in spec.clip_ratios]
 
 
 def _variants(scenario: Scenario, spec: MatrixSpec, world_size: int, plan: Plan) -> list[Variant]:

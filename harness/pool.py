@@ -12,7 +12,12 @@ Failure handling, in the parent's terms:
   rank reports, and the pool builds a fresh generation of groups before the next task;
 * a rank does not answer within the timeout: its Python stack is dumped (faulthandler), the whole
   pool is killed and restarted on the next task, and the task's result says which rank hung where;
-* a rank process dies: the same, with its exit code.
+* a rank process dies: the same, with its exit code, at once: the peers still blocked on it are not
+  waited for (they are killed with the pool and reported as collateral).
+
+The store the ranks rendezvous through listens on the loopback interface only (a socket bound to
+127.0.0.1 handed to the TCPStore), and every rank process dies with its parent (PR_SET_PDEATHSIG),
+so an interrupted test run or fuzzer leaves no orphan ranks.
 
 Tasks and their arguments are pickled; functions travel by reference, so they must be importable
 (module-level) in the workers, which are given the parent's ``sys.path``.
@@ -20,11 +25,13 @@ Tasks and their arguments are pickled; functions travel by reference, so they mu
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import faulthandler
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -50,7 +57,7 @@ def current_world() -> DistWorld:
 @dataclass
 class RankResult:
     rank: int
-    status: str  # "ok" | "error" | "skip" | "hung" | "died"
+    status: str  # "ok" | "error" | "skip" | "hung" | "died" | "collateral" (stuck on a dead or hung peer)
     value: Any = None
     error: str | None = None
 
@@ -63,9 +70,44 @@ class PoolBroken(RuntimeError):
     """The pool could not be started (a rank failed to join in time)."""
 
 
+PEER_GRACE_S = 2.0
+"""After a rank dies or reports a hang, how long the others get to answer before they are taken to
+be stuck on it."""
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (best effort elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def loopback_store(world_size: int, timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server reachable from this machine only: TCPStore itself binds every interface, so
+    it is handed a socket already bound to 127.0.0.1 (the store owns and closes that descriptor)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()
+    try:
+        return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False, master_listen_fd=fd)
+    except Exception:
+        os.close(fd)
+        raise
+
+
 def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_s: float,
             conn: Connection, path: list[str], stack_dir: str) -> None:
     global _WORLD
+    die_with_parent()
     sys.path[:] = path
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
@@ -74,6 +116,8 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _WORLD = DistWorld(backend, timeout_s)
+    # a hung task: the watchdog thread tells the parent at once (the main thread is stuck), then waits
+    _WORLD.hang_handler = lambda message: (conn.send(("hung", message)), time.sleep(3600))
     conn.send(("ready", None))
     while True:
         try:
@@ -128,9 +172,7 @@ class RankPool:
 
     def start(self) -> None:
         self.kill()
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True,
-                                    timeout=datetime.timedelta(seconds=max(self.timeout_s * 4, 120)),
-                                    wait_for_workers=False)
+        self._store = loopback_store(self.world_size + 1, max(self.timeout_s * 4, 120))
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.pool"])
@@ -194,7 +236,7 @@ class RankPool:
         for conn in self._conns:
             conn.send(("call", fn, args, kwargs, list(sys.path)))
         results = self._collect(timeout_s if timeout_s is not None else 2 * self.timeout_s + 30)
-        if any(r.status in ("hung", "died") for r in results):
+        if any(r.status in ("hung", "died", "collateral") for r in results):
             self.kill()
         elif any(r.status != "ok" for r in results):
             self._needs_regenerate = True
@@ -213,6 +255,7 @@ class RankPool:
         results: dict[int, RankResult] = {}
         waiting = {conn: rank for rank, conn in enumerate(self._conns)}
         deadline = time.monotonic() + timeout_s
+        broken = False
         while waiting:
             ready = wait(list(waiting), timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -225,11 +268,19 @@ class RankPool:
                     self._procs[rank].join(timeout=5)
                     code = self._procs[rank].exitcode
                     results[rank] = RankResult(rank, "died", error=f"rank {rank} died (exit code {code})")
-                    continue
-                error = payload if status in ("error", "skip") else None
-                results[rank] = RankResult(rank, status, None if error else payload, error)
+                    status = "died"
+                else:
+                    error = payload if status in ("error", "skip", "hung") else None
+                    results[rank] = RankResult(rank, status, None if error else payload, error)
+                if status in ("died", "hung") and not broken:  # the others may be stuck on it: not long
+                    broken = True
+                    deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         for rank in waiting.values():
-            results[rank] = RankResult(rank, "hung", error=self._stack_of(rank, timeout_s))
+            if broken:
+                results[rank] = RankResult(rank, "collateral", error=f"rank {rank} did not answer after a peer "
+                                           "died or hung (stopped with the pool)")
+            else:
+                results[rank] = RankResult(rank, "hung", error=self._stack_of(rank, timeout_s))
         return [results[r] for r in range(len(self._conns))]
 
     def _stack_of(self, rank: int, timeout_s: float) -> str:

@@ -4,7 +4,11 @@ single copy-pasteable token, so a shrunk fuzz failure is one command away from b
     python -m harness --replay <blob>                               # starts the ranks it needs
     torchrun --nproc_per_node=N -m harness --replay <blob>          # or under torchrun
 
-The blob is zlib-compressed JSON in URL-safe base64; nothing in it is executed.
+The blob is zlib-compressed JSON in URL-safe base64. It names a *target*, and a target is code:
+a registered name is harmless, a ``module:function`` is imported, and a ``path/to/file.py:function``
+is executed on every rank. A blob is data from someone else, so a file-path target is refused unless
+``--allow-target-path`` is given; a blob's world size and decompressed size are capped, and its norm
+type and bound get the same validation as the command line's.
 """
 
 from __future__ import annotations
@@ -12,19 +16,23 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import sys
 import zlib
 from typing import Any
 
-from .case import CaseSpec, Variant
+from .case import CaseSpec, Variant, parse_norm_type
 from .injection import Injection
 from .layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
 from .plan import Plan, UsageError
+from .loading import is_reference
 from .registry import registered_targets
 from .strategies import DrawnCase, DrawnScenario
 from .targets import resolve_target
 
 _PREFIX = "cc1."
+MAX_WORLD = 64
+MAX_DECOMPRESSED = 1 << 20
 
 
 def _placement(p: Placement) -> Any:
@@ -71,7 +79,11 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
         if not blob.startswith(_PREFIX):
             raise ValueError("unknown format")
         body = blob[len(_PREFIX):]
-        doc = json.loads(zlib.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))))
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)), MAX_DECOMPRESSED)
+        if inflater.unconsumed_tail:
+            raise ValueError(f"it decompresses to more than {MAX_DECOMPRESSED} bytes")
+        doc = json.loads(raw)
         mesh = MeshSpec(tuple((str(n), int(s)) for n, s in doc["mesh"]))
         params = tuple(
             ParamSpec(name, tuple(shape), tuple((d, _unplacement(p)) for d, p in placements.items()),
@@ -84,7 +96,13 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
                               nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
         declared = {n: {d: _unplacement(p) for d, p in dims.items()} for n, dims in doc["declared"].items()}
         variant = Variant(doc["label"], Layout(mesh, params), injection, declared)
-        drawn = DrawnCase(variant, float(doc["norm"]), float(doc["max_norm"]), int(doc["world"]))
+        world = int(doc["world"])
+        if not 1 <= world <= MAX_WORLD:
+            raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")
+        max_norm = float(doc["max_norm"])
+        if not (math.isfinite(max_norm) and max_norm > 0):
+            raise LayoutError(f"max_norm must be a positive finite number, got {doc['max_norm']!r}")
+        drawn = DrawnCase(variant, parse_norm_type(str(doc["norm"])), max_norm, world)
         return drawn, str(doc["target"])
     except LayoutError as exc:
         raise UsageError(f"replay blob describes an invalid case: {exc}") from None
@@ -92,13 +110,28 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
         raise UsageError(f"not a replay blob ({exc.__class__.__name__}: {exc})") from None
 
 
+def check_target_allowed(target: str, allow_target_path: bool) -> None:
+    """A blob's file-path target runs that file on every rank: only when the user says so."""
+    location = target.rpartition(":")[0]
+    if is_reference(target) and (location.endswith(".py") or "/" in location or os.sep in location) \
+            and not allow_target_path:
+        raise UsageError(f"the replay blob names the file {location!r} as its target, which would be executed "
+                         "on every rank; pass --allow-target-path if you trust it")
+
+
+def decode_trusted(blob: str, allow_target_path: bool) -> tuple[DrawnCase, str]:
+    drawn, target = decode(blob)
+    check_target_allowed(target, allow_target_path)
+    return drawn, target
+
+
 def case_spec(drawn: DrawnCase, target: str, index: int = 0) -> CaseSpec:
     return CaseSpec(index, DrawnScenario.name, drawn.variant, target, drawn.norm_type, drawn.max_norm)
 
 
-def replay_plan(blob: str, world_size: int) -> Plan:
+def replay_plan(blob: str, world_size: int, allow_target_path: bool = False) -> Plan:
     """A one-case plan for a torchrun launch of exactly the world size the case needs."""
-    drawn, target = decode(blob)
+    drawn, target = decode_trusted(blob, allow_target_path)
     if world_size != drawn.world_size:
         raise UsageError(f"this case needs {drawn.world_size} ranks, the launch has {world_size}: "
                          f"use torchrun --nproc_per_node={drawn.world_size}, or no launcher at all")
@@ -107,22 +140,20 @@ def replay_plan(blob: str, world_size: int) -> Plan:
                 targets={target: resolved})
 
 
-def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: str | None, verbose: bool) -> int:
-    """Start the ranks the case needs, run it, report it like a torchrun launch would."""
+def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: str | None, verbose: bool,
+                   allow_target_path: bool = False) -> int:
+    """Start the ranks the case needs, run it, report it like a launch would."""
     from .pool import RankPool
     from .pooled import run_case_on_pool
     from .report import Reporter
 
-    drawn, target = decode(blob)
+    drawn, target = decode_trusted(blob, allow_target_path)
     resolve_target(target, registered_targets())  # a clear error before any process starts
     reporter = Reporter(sys.stdout, json_path, drawn.world_size, backend or "gloo", verbose)
     with RankPool(drawn.world_size, backend=backend, timeout_s=timeout_s) as pool:
         reporter.header(1, [f"replaying a drawn case on a fresh world of {drawn.world_size} rank(s)"])
-        result = run_case_on_pool(pool, case_spec(drawn, target), DrawnScenario())
-        reporter.case(result)
-        ok = reporter.summary([result], [])
-    reporter.close()
-    return 0 if ok else 1
+        reporter.case(run_case_on_pool(pool, case_spec(drawn, target), DrawnScenario()))
+        return reporter.finish()
 
 
 def replay_command(drawn: DrawnCase, target: str) -> str:

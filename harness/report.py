@@ -15,8 +15,11 @@ import json
 import math
 from typing import IO, Any, Iterable
 
+from .case import bound_label
 from .checks import NORM_RTOL, CaseResult
-from .metamorphic import MetamorphicResult
+from .junit import write_junit
+from .metamorphic import MetamorphicResult, metamorphic_groups
+from .verdicts import count
 
 
 def _num(x: float | None) -> Any:
@@ -55,6 +58,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
         "norm": case.norm_label,
         "dtype": case.injection.dtype,
         "max_norm": case.max_norm,
+        "clip_ratio": case.clip_ratio,
         "seed": case.injection.seed,
         "world_size": world_size,
         "backend": backend,
@@ -76,16 +80,17 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
     }
 
 
-def metamorphic_json(group: MetamorphicResult, world_size: int, backend: str) -> dict[str, Any]:
+def metamorphic_json(group: MetamorphicResult, backend: str) -> dict[str, Any]:
     return {
         "type": "metamorphic",
-        "world_size": world_size,
+        "world_size": group.world_size,
         "backend": backend,
         "scenario": group.scenario,
         "target": group.target,
         "norm": group.norm_label,
         "dtype": group.dtype,
         "invariance_key": group.key,
+        "bound": group.bound,
         "coefficients": group.coefficients,
         "norms": group.norms,
         "gap": group.gap,
@@ -97,13 +102,15 @@ class Reporter:
     """Rank 0's printer and JSON Lines writer."""
 
     def __init__(self, out: IO[str], json_path: str | None, world_size: int, backend: str, verbose: bool,
-                 frameworks: dict[str, str | None] | None = None) -> None:
+                 frameworks: dict[str, str | None] | None = None, junit_path: str | None = None,
+                 append: bool = False) -> None:
         self.out = out
+        self.junit_path = junit_path
         self.frameworks = frameworks or {}
         self.world_size = world_size
         self.backend = backend
         self.verbose = verbose
-        self.json = open(json_path, "w", encoding="utf-8") if json_path else None
+        self.json = open(json_path, "a" if append else "w", encoding="utf-8") if json_path else None
         self._noted: set[str] = set()
         self.records: list[dict[str, Any]] = []
 
@@ -122,7 +129,7 @@ class Reporter:
                     f"norm tolerance (relative) {tol}")
         for note in notes:
             self._print(f"note: {note}")
-        self._print(f"{'scenario':<17} {'layout':<52} {'target':<25} {'norm':<5} {'dtype':<5} "
+        self._print(f"{'scenario':<17} {'layout':<52} {'target':<25} {'norm':<5} {'dtype':<5} {'bound':<7} "
                     f"{'reported':<12} {'true':<12} {'ratio':<10} verdict")
 
     def case(self, result: CaseResult) -> None:
@@ -138,10 +145,10 @@ class Reporter:
         reported = result.reported[0] if result.reported else None
         self._print(
             f"{case.scenario:<17} {label:<52} {case.target:<25} {case.norm_label:<5} {case.injection.dtype:<5} "
-            f"{_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
+            f"{bound_label(case.clip_ratio, case.max_norm):<7} {_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
         )
         for check in result.failed:
-            self._print(f"    {check.name}: {check.detail}")
+            self._print(f"    {check.name}: {check.detail}".replace("\n", "\n      "))
         if result.verdict == "SKIP":
             self._print(f"    skipped: {case.skip}")
         for line in result.signature:
@@ -160,25 +167,21 @@ class Reporter:
                 f"coefficient gap {g.gap:.7f} {'PASS' if g.passed else 'FAIL'}"
                 + ("" if g.gap == 0 else f"  [{low}: {g.coefficients[low]:.6f} .. {high}: {g.coefficients[high]:.6f}]")
             )
-            self._write_json(metamorphic_json(g, self.world_size, self.backend))
+            self._write_json(metamorphic_json(g, self.backend))
 
-    def summary(self, results: list[CaseResult], groups: list[MetamorphicResult]) -> bool:
-        passed = sum(r.verdict == "PASS" for r in results)
-        failed = sum(r.verdict == "FAIL" for r in results)
-        errors = sum(r.verdict == "ERROR" for r in results)
-        skipped = sum(r.verdict == "SKIP" for r in results)
-        meta_failed = sum(not g.passed for g in groups)
-        ok = failed == 0 and errors == 0 and meta_failed == 0
-        self._print(
-            f"summary: {len(results)} cases, {passed} passed, {failed} failed, {errors} harness errors, "
-            f"{skipped} skipped; "
-            f"metamorphic groups: {len(groups)}, {meta_failed} failed => {'PASS' if ok else 'FAIL'}"
-        )
-        self._write_json({"type": "summary", "cases": len(results), "passed": passed, "failed": failed,
-                          "harness_errors": errors, "skipped": skipped, "metamorphic_groups": len(groups),
-                          "metamorphic_failed": meta_failed, "ok": ok})
-        return ok
+    def finish(self, results: list[CaseResult] | None = None) -> int:
+        """Metamorphic groups over the judged cases, the summary line and record, JUnit; the exit
+        status. (``results`` is accepted for callers that hold them; the records are what count.)"""
+        self.metamorphic(metamorphic_groups(self.records))
+        counts = count(self.records)
+        self._print(f"summary: {counts.line()}")
+        self._write_json(counts.as_record())
+        if self.junit_path:
+            write_junit(self.junit_path, self.records)
+        self.close()
+        return counts.status
 
     def close(self) -> None:
         if self.json is not None:
             self.json.close()
+            self.json = None

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 
 from . import reference
 from .clipmath import local_tensor, trainable_with_grads
-from .context import context
+from .case_context import context
 from .frameworks import Framework
 from .loading import LoadError, is_reference, load_object
 from .model import torch_placements

@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -29,10 +30,26 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .layout import MeshSpec
 from .release import release_peers
+from .truth_cache import TruthCache
 
 
 class DeadRankError(RuntimeError):
     """A rank stopped answering: the run cannot continue and must fail with this message."""
+
+
+class WorldBroken(RuntimeError):
+    """A rank hung in the function under test (its watchdog said so through the store): the world
+    cannot run another case. ``ranks`` hung; ``detail`` says where."""
+
+    def __init__(self, ranks: list[int], detail: str) -> None:
+        super().__init__(detail)
+        self.ranks = ranks
+        self.detail = detail
+
+
+ENDED_KEY = "clipcheck/ended"
+"""Set by whichever rank reported the end of a broken run; the others wait for it before exiting,
+so a launcher that kills every rank once one exits cannot cut the report short."""
 
 
 @dataclass
@@ -49,10 +66,17 @@ def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def process_group_backend(backend: str) -> str:
+    """The backend string the default group is created with. On GPUs it is ``cpu:gloo,cuda:nccl``,
+    so a user's clip that all-reduces a CPU scalar (as the README example does) works next to CUDA
+    gradients, as in torch's own distributed tests."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
 class DistWorld:
     """One rank's view of the job: rank, device, groups of the current generation, and the store."""
 
-    def __init__(self, backend: str | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(self, backend: str | None = None, timeout_s: float = 60.0, start: bool = True) -> None:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -65,25 +89,38 @@ class DistWorld:
             self.device = torch.device("cpu")
         self.store_port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None
         self.store = self._connect_store()
+        # a second connection for the watchdog: a store client serves one call at a time, and the
+        # main thread may be blocked in one (a stray new_group waits on the store)
+        self.side_store = self._connect_store(client=True)
         self.generation = 0
         self._exchanges = 0
+        self.truth_cache = TruthCache()
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
+        self._lock = threading.Lock()
+        self._hung: str | None = None
+        self.hang_handler: Callable[[str], None] = self.default_hang_handler
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Create the first generation of process groups (after the store, so that ranks can first
+        agree on their plans through it)."""
         self._init_generation()
 
     # -- setup ------------------------------------------------------------------------------------
-    def _connect_store(self) -> dist.Store:
+    def _connect_store(self, client: bool = False) -> dist.Store:
         if "MASTER_ADDR" not in os.environ:
             if self.world_size != 1:
                 raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun")
-            return dist.HashStore()
+            return self.store if client else dist.HashStore()
         agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         return dist.TCPStore(
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
             self.world_size,
-            is_master=(self.rank == 0 and not agent_hosts_store),
+            is_master=(self.rank == 0 and not agent_hosts_store and not client),
             timeout=datetime.timedelta(seconds=max(self.timeout_s * 4, 120)),
         )
 
@@ -94,7 +131,7 @@ class DistWorld:
     def _init_generation(self) -> None:
         prefix = dist.PrefixStore(f"clipcheck/gen{self.generation}", self.store)
         dist.init_process_group(
-            self.backend,
+            process_group_backend(self.backend),
             store=prefix,
             rank=self.rank,
             world_size=self.world_size,
@@ -159,14 +196,46 @@ class DistWorld:
     def close(self) -> None:
         self.teardown()
 
+    @property
+    def hang_deadline_s(self) -> float:
+        """How long the function under test may run before its rank counts as hung: past every
+        collective timeout, so a mismatched collective raises (and the world survives) first."""
+        return 2 * self.timeout_s + 10
+
+    # -- a hung rank ------------------------------------------------------------------------------
+    def post_hung(self, topic: str, payload: dict[str, Any]) -> None:
+        """Called from the watchdog thread while the main thread is stuck: post this rank's entry of
+        the exchange the main thread would have made next, marked hung, then hand over to
+        ``hang_handler`` (which reports or waits, then ends the process)."""
+        with self._lock:
+            if self._hung is not None:
+                return
+            self._hung = str(payload.get("error"))
+            self._post(topic, dict(payload, hung=True), self.side_store)
+        self.hang_handler(self._hung)
+
+    def default_hang_handler(self, message: str) -> None:
+        """A hung rank that is not the reporter: wait until the run's end is reported, then exit 3."""
+        self.wait_ended()
+        os._exit(3)
+
+    def signal_ended(self) -> None:
+        self.side_store.set(ENDED_KEY, "1")
+
+    def wait_ended(self) -> None:
+        try:
+            self.side_store.wait([ENDED_KEY], datetime.timedelta(seconds=self.timeout_s + 30))
+        except Exception:  # noqa: BLE001 - the reporter died too; nothing left to wait for
+            pass
+
     # -- store control plane ----------------------------------------------------------------------
     # Exchanges are numbered: every rank makes them in the same order, so the n-th exchange has the
     # same key on every rank however many cases a process runs (a warm pool reuses case indices).
-    def _post(self, topic: str, payload: Any) -> tuple[list[str], str]:
+    def _post(self, topic: str, payload: Any, store: dist.Store | None = None) -> tuple[list[str], str]:
         self._exchanges += 1
         tag = f"clipcheck/ctl/{self._exchanges}/{topic}"
         mine = f"{tag}/{self.rank}"
-        self.store.set(mine, json.dumps(payload))
+        (store or self.store).set(mine, json.dumps(payload))
         return [f"{tag}/{r}" for r in range(self.world_size)], mine
 
     def _wait(self, keys: list[str], topic: str, timeout_s: float) -> None:
@@ -182,10 +251,14 @@ class DistWorld:
             ) from None
 
     def allgather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any]:
-        """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order."""
-        keys, mine = self._post(topic, payload)
+        """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order. A rank
+        whose watchdog already posted for it (it hung, then came back) does not post again."""
+        with self._lock:
+            if self._hung is not None:
+                raise WorldBroken([self.rank], self._hung)
+            keys, mine = self._post(topic, payload)
         self._wait(keys, topic, timeout_s)
-        values = [json.loads(self.store.get(k)) for k in keys]
+        values = [json.loads(v) for v in self.store.multi_get(keys)]  # one round trip, not one per rank
         # every rank has now passed all earlier exchanges, so nobody will read our older keys again
         for old in self._posted:
             self.store.delete_key(old)
@@ -199,4 +272,4 @@ class DistWorld:
         if self.rank != 0:
             return None
         self._wait(keys, topic, timeout_s)
-        return [json.loads(self.store.get(k)) for k in keys]
+        return [json.loads(v) for v in self.store.multi_get(keys)]

@@ -13,6 +13,12 @@ Layouts (``edp`` x ``ep`` mesh; experts are separate parameters, one module each
 * ``no-expert-rank``: every expert lives on ep coordinate 0; the other ep ranks own no expert at all
   (as under pipeline parallelism). Same unique gradients again.
 * ``expert-no-grad``: one expert got no tokens, so its gradient is None on every rank holding it.
+* ``gate-no-grad``: the router's gradient is None, ahead of the experts, whose replica count differs
+  from its own: a clip that builds per-parameter weights for every parameter and zips them with the
+  gradients that exist gives each expert its predecessor's weight.
+* ``no-expert-rank frozen-dense``: the dense parameters get no gradient and every expert lives on ep
+  coordinate 0, so the other ranks hold no gradient at all.
+* ``nan in an expert``: a NaN in the expert of the last ep rank (not rank 0), for L2 and inf.
 
 Parameters are dressed as DeepSpeed dresses them: experts get ``allreduce = False`` and
 ``group_name = "ep_size_<k>"``; dense parameters carry no mark.
@@ -76,14 +82,24 @@ class DeepSpeedAutoEP(Scenario):
             no_grad = Injection(seed=options.seed, dtype=options.dtype,
                                 none_on={last: layout.param(last).present_ranks or frozenset()})
             out.append(self._variant(f"{sharing} expert-no-grad", layout, no_grad, ep, "autoep-nograd"))
+            gate = Injection(seed=options.seed, dtype=options.dtype, none_on={"moe.gate.weight": frozenset(range(world_size))})
+            out.append(self._variant(f"{sharing} gate-no-grad", layout, gate, ep, "autoep-nogate"))
         uneven = [ep for ep in sizes if ep > 1]
         if uneven:
             ep = min(uneven)
             layout = autoep_layout(world_size, ep, [0] * NUM_EXPERTS)
             out.append(self._variant("no-expert-rank", layout, base, ep, "autoep"))
+            frozen = Injection(seed=options.seed, dtype=options.dtype, none_on={
+                name: frozenset(range(world_size)) for name in ("dense.weight", "moe.gate.weight")})
+            out.append(self._variant("no-expert-rank frozen-dense", layout, frozen, ep, "autoep-frozen-dense"))
+            ep = max(sizes)
+            layout = autoep_layout(world_size, ep, [i // (NUM_EXPERTS // ep) for i in range(NUM_EXPERTS)])
+            nan = Injection(seed=options.seed, dtype=options.dtype,
+                            nonfinite=((expert_name(NUM_EXPERTS - 1), WIDTH * WIDTH - 3, "nan"),))
+            out.append(self._variant("owner-sharded nan in an expert", layout, nan, ep, None))
         return out
 
-    def _variant(self, kind: str, layout: Layout, injection: Injection, ep: int, key: str) -> Variant:
+    def _variant(self, kind: str, layout: Layout, injection: Injection, ep: int, key: str | None) -> Variant:
         return Variant(
             label=f"{layout.describe()} {kind}",
             layout=layout,

@@ -6,8 +6,14 @@ gradients, so any correct clip gives them the same norm and coefficient. The nai
 passes the first and fails the others with the rank-local signature, which makes this scenario the
 simplest positive control for the harness.
 
-A last variant puts one NaN into the FSDP layout: it lives on one rank only, so a clip must share the
-non-finite verdict across ranks (a rank-local clip reports NaN on one rank and a number on the rest).
+Non-finite variants put one NaN (on rank 0, and on the last rank) or one inf (on the last rank) into
+the FSDP layout: it lives on one rank only, so a clip must share the non-finite verdict across ranks
+(a rank-local clip reports NaN on one rank and a number on the rest), and where it sits matters:
+gloo's float MAX keeps a NaN only when rank 0 holds it, so an inf-norm clip that merges maxima with a
+plain MAX reports a finite norm when the NaN is elsewhere. Every variant runs with L2 and inf.
+
+``stage on rank 0``: every parameter lives on rank 0 only (a pipeline stage), so the other ranks hold
+no gradient at all and must still report the global norm (torch's ``if not grads: return 0.``).
 """
 
 from __future__ import annotations
@@ -28,23 +34,29 @@ class DenseDP(Scenario):
     name = "dense_dp"
     summary = "dense params replicated over DP (control) and FSDP-sharded over DP"
     default_targets = ("reference", "torch", "torch-dtensor")
+    default_norm_types = (2.0, float("inf"))
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
         width = _width(world_size)
         mesh = MeshSpec.of(dp=world_size)
-        nan_at = [("layers.0.weight", width + 1, "nan")]
-        layouts = (
-            ("replicated", {}, False, ()),
-            ("fsdp", {"dp": Shard(0)}, False, ()),
-            ("fsdp dtensor", {"dp": Shard(0)}, True, ()),
-            ("fsdp nonfinite", {"dp": Shard(0)}, False, nan_at),
-        )
+        last_row = width * width - 2  # an element of the last rank's shard under Shard(0)
+        fsdp = {"dp": Shard(0)}
+        layouts = [
+            ("replicated", {}, False, (), None),
+            ("fsdp", fsdp, False, (), None),
+            ("fsdp dtensor", fsdp, True, (), None),
+            ("fsdp nonfinite", fsdp, False, [("layers.0.weight", width + 1, "nan")], None),
+            ("fsdp nan on last rank", fsdp, False, [("layers.0.weight", last_row, "nan")], None),
+            ("fsdp inf on last rank", fsdp, False, [("layers.1.weight", last_row, "inf")], None),
+        ]
+        if world_size > 1:
+            layouts.append(("stage on rank 0", {}, False, (), frozenset({0})))
         out = []
-        for label, placement, dtensor, nonfinite in layouts:
+        for label, placement, dtensor, nonfinite, present in layouts:
             specs = []
             for i in range(LAYERS):
-                specs.append(param(f"layers.{i}.weight", (width, width), **placement))
-                specs.append(param(f"layers.{i}.bias", (width,), **placement))
+                specs.append(param(f"layers.{i}.weight", (width, width), present_ranks=present, **placement))
+                specs.append(param(f"layers.{i}.bias", (width,), present_ranks=present, **placement))
             layout = Layout(mesh, tuple(specs))
             out.append(
                 Variant(
@@ -52,7 +64,7 @@ class DenseDP(Scenario):
                     layout=layout,
                     injection=Injection(seed=options.seed, dtype=options.dtype, nonfinite=nonfinite),
                     declared=declared_from_layout(layout),
-                    invariance_key=f"dense-{width}{'-nonfinite' if nonfinite else ''}",
+                    invariance_key=f"dense-{width}" if not nonfinite else None,
                     dtensor=dtensor,
                 )
             )

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from harness.case import Variant, declared_from_layout
 from harness.injection import Injection
-from harness.layout import Layout, LayoutError, MeshSpec, Shard, param
-from harness.scenario import Scenario, ScenarioOptions
+from harness.layout import Layout, MeshSpec, Shard, param
+from harness.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
 NUM_EXPERTS = 4
 PREFIX = "decoder.layers.0."
@@ -59,10 +59,7 @@ class MegatronMoETP(Scenario):
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
         injection = Injection(seed=options.seed, dtype=options.dtype)
         out = []
-        for ep in options.ep_sizes or [k for k in range(1, world_size + 1) if world_size % k == 0]:
-            if world_size % ep or NUM_EXPERTS % ep:
-                raise LayoutError(f"{self.name}: ep_size {ep} must divide the world size {world_size} "
-                                  f"and the {NUM_EXPERTS} experts")
+        for ep in ep_sizes_for(self.name, world_size, NUM_EXPERTS, options.ep_sizes):
             for tp in (k for k in range(1, world_size // ep + 1) if (world_size // ep) % k == 0):
                 layout = megatron_layout(world_size, ep, tp)
                 for marked in (True, False) if tp > 1 else (True,):

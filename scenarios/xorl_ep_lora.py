@@ -47,7 +47,7 @@ from harness.clipmath import (
     scale_grads_,
     trainable_with_grads,
 )
-from harness.context import context
+from harness.case_context import context
 from harness.injection import Injection
 from harness.layout import Layout, MeshSpec, Placement, Replicate, Shard, param
 from harness.scenario import Scenario, ScenarioOptions, ep_sizes_for

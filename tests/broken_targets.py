@@ -62,3 +62,68 @@ def exit_on_rank1(model, *, max_norm, norm_type=2.0):
     if dist.get_rank() == 1:
         os._exit(7)
     return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+# -- faults the harness must catch, blame on the right case, and survive (issue: never PASS when broken) ----
+def overwrite_params(model, *, max_norm, norm_type=2.0):
+    """params: clips right, then scales the parameters themselves."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        local_tensor(p).data.mul_(0.5)
+    return total
+
+
+def returns_none(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, returns nothing."""
+    reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def raise_everywhere(model, *, max_norm, norm_type=2.0):
+    """raised: every rank raises an exception that says nothing about non-finite gradients."""
+    raise ValueError("broken on purpose")
+
+
+def delete_grads(model, *, max_norm, norm_type=2.0):
+    """contract: reports the right norm, then deletes every gradient (zero_grad(set_to_none=True))."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    model.zero_grad(set_to_none=True)
+    return total
+
+
+def destroy_default_group(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then destroys the default process group (on every rank)."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    dist.destroy_process_group()
+    return total
+
+
+def reshape_grad(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then flattens one gradient in place (resize_)."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    _, p = trainable_with_grads(model)[0]
+    grad = local_tensor(p.grad)
+    grad.resize_(grad.numel())
+    return total
+
+
+def hang_on_rank1(model, *, max_norm, norm_type=2.0):
+    """hang: rank 1 sleeps (in Python) far past every deadline; rank 0 goes on."""
+    if dist.get_rank() == 1:
+        import time
+
+        time.sleep(3600)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def stray_collective_of_another_size(model, *, max_norm, norm_type=2.0):
+    """crash: a stray all-reduce whose size differs between ranks (gloo aborts the process)."""
+    x = torch.ones(1000 if dist.get_rank() == 0 else 10)
+    dist.all_reduce(x)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def new_group_on_rank1(model, *, max_norm, norm_type=2.0):
+    """raised (by timeout): rank 1 alone creates a process group, which needs every rank."""
+    if dist.get_rank() == 1:
+        dist.new_group()
+    return reference(model, max_norm=max_norm, norm_type=norm_type)

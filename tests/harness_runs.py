@@ -50,17 +50,27 @@ class HarnessRun:
                 and all(r.get(k) == v for k, v in match.items())]
 
 
-def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
-    """torchrun --standalone (a free port per run, so runs can go in parallel) on this checkout."""
-    out = tmp_path / f"results-{nproc}-{abs(hash(tuple(args)))}.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "harness", *args, "--json", str(out)]
+def _run_and_read(launcher: list[str], args: list[str], out: Path, timeout: float) -> HarnessRun:
+    cmd = [*launcher, *args, "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     records = []
     if out.exists():
         records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     return HarnessRun(proc.returncode, proc.stdout, proc.stderr, records)
+
+
+def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
+    """torchrun --standalone (a free port per run, so runs can go in parallel) on this checkout."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                "-m", "harness"]
+    return _run_and_read(launcher, args, tmp_path / f"results-{nproc}-{abs(hash(tuple(args)))}.jsonl", timeout)
+
+
+def run_clipcheck(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
+    """``clipcheck run --nproc N`` (our launcher: our output, our exit status) on this checkout."""
+    launcher = [sys.executable, "-m", "harness", "run", "--nproc", str(nproc)]
+    return _run_and_read(launcher, args, tmp_path / f"run-{nproc}-{abs(hash(tuple(args)))}.jsonl", timeout)
 
 
 def run_cli(args: list[str], env_extra: dict[str, str] | None = None,

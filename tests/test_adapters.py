@@ -37,12 +37,16 @@ def test_deepspeed_fp32_clip_averages_local_norms(deepspeed_world2):
     for target in ("deepspeed", "deepspeed-engine"):
         for case in run.cases(target=target):
             assert case["framework"].startswith("deepspeed ")
-            if "replicated" in case["layout"]:
+            if "replicated" in case["layout"] or "nan" in case["layout"]:
                 assert case["verdict"] == "PASS", case["layout"]
+            elif "frozen-dense" in case["layout"]:
+                # a finding: DeepSpeed's clip indexes into an empty list on the rank that holds no gradient
+                assert failed(case) == {"raised"}, case["layout"]
+                assert "rank 1: " in case["checks"]["raised"]["detail"]
             else:
                 assert case["verdict"] == "FAIL", case["layout"]
                 assert any("mean of the rank-local norms" in s for s in case["signature"])
-    gap = run.metamorphic(target="deepspeed", norm="L2", dtype="fp32", invariance_key="autoep")[0]
+    gap = run.metamorphic(target="deepspeed", norm="L2", dtype="fp32", invariance_key="autoep", bound="x0.5")[0]
     assert {c["dtype"] for c in run.cases(target="deepspeed-engine")} == {"fp32"}
     assert not gap["passed"] and gap["gap"] > 0
     assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
@@ -59,12 +63,13 @@ def test_torchtitan_trusts_placements(adapters_world4):
         expect_skips(run, "torchtitan", TORCHTITAN)
         return
     honest = run.cases(target="torchtitan", layout="efsdp=2 ep=2 honest")
-    assert len(honest) == 2 and all(c["verdict"] == "PASS" for c in honest)
-    lies = run.one(target="torchtitan", layout="efsdp=2 ep=2 placement lies", norm_type=2.0)
+    assert len(honest) == 8 and all(c["verdict"] == "PASS" for c in honest)  # L2/inf x fp32/bf16 x 2 bounds
+    one = dict(norm="L2", dtype="fp32", clip_ratio=0.5)
+    lies = run.one(target="torchtitan", layout="efsdp=2 ep=2 placement lies", **one)
     assert lies["verdict"] == "FAIL"
     assert lies["declared_mismatches"] == ["declared Replicate on ep, measured distinct: shared_lora_A"]
     assert any("declared placements" in s for s in lies["signature"])
-    no_ep = run.one(target="torchtitan", layout="efsdp=2 ep=2 experts without ep dim", norm_type=2.0)
+    no_ep = run.one(target="torchtitan", layout="efsdp=2 ep=2 experts without ep dim", **one)
     assert "raised" in failed(no_ep) and "must have the same mesh" in no_ep["checks"]["raised"]["detail"]
 
 
@@ -77,7 +82,8 @@ def test_megatron_tp_duplicate_filter(adapters_world4):
         assert case["framework"] == "megatron-core 0.16.1"
         expected = "FAIL" if "unmarked" in case["layout"] else "PASS"
         assert case["verdict"] == expected, case["layout"]
-    unmarked = run.one(target="megatron", layout="dp=1 ep=2 tp=2 experts unmarked (grouped GEMM)")
+    unmarked = run.one(target="megatron", layout="dp=1 ep=2 tp=2 experts unmarked (grouped GEMM)", norm="L2",
+                       dtype="fp32", clip_ratio=0.5)
     assert unmarked["ratio"] < 0.95 and failed(unmarked) == {"norm", "coefficient"}
 
 

@@ -27,9 +27,11 @@ def test_list_shows_scenarios_and_targets():
         (["--scenario", "nope"], "1", "unknown scenario 'nope'"),
         (["--scenario", "dense_dp", "--ep-size", "2"], "2", "--ep-size does not apply to dense_dp"),
         (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
-        (["--max-norm", "0"], "1", "max_norm must be positive"),
         (["--variant", "zzz"], "1", "matches no layout variant"),
         (["--backend", "nccl"], "1", "--backend nccl needs CUDA"),
+        (["--timeout", "0"], "1", "--timeout must be positive"),
+        (["--json", "/nonexistent-dir/out.jsonl"], "1", "--json /nonexistent-dir/out.jsonl:"),
+        (["--junit", "/proc/junit.xml"], "1", "--junit /proc/junit.xml:"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, world, message, monkeypatch, capsys):
@@ -40,10 +42,19 @@ def test_bad_input_is_one_clear_line(args, world, message, monkeypatch, capsys):
     assert message in err and err.count("\n") == 1
 
 
-def test_bad_norm_type_is_an_argparse_error(capsys):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--norm-type", "0"], "norm type must be positive"),
+        (["--max-norm", "0"], "--max-norm: must be a positive finite number"),
+        (["--max-norm", "nan"], "--max-norm: must be a positive finite number"),
+        (["--clip-ratio", "-1"], "--clip-ratio: must be a positive finite number"),
+    ],
+)
+def test_bad_numbers_are_argparse_errors(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--norm-type", "0"])
-    assert exit_info.value.code == 2 and "norm type must be positive" in capsys.readouterr().err
+        main(args)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_only_rank_zero_speaks(monkeypatch, capsys):
@@ -63,4 +74,5 @@ def test_bad_input_in_a_real_process_has_no_traceback():
 def test_single_process_run_without_a_launcher():
     proc = run_cli(["--scenario", "dense_dp", "--target", "reference", "--variant", "replicated"])
     assert proc.returncode == 0, proc.stderr
-    assert "summary: 1 cases, 1 passed" in proc.stdout
+    # 2 dtypes x 2 norm types x 2 bounds (below and above the true norm) by default
+    assert "summary: 8 cases, 8 passed" in proc.stdout

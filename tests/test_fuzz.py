@@ -13,7 +13,9 @@ from harness.replay import decode, encode
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 
-BUDGET = 60
+# hypothesis scales what it generates with max_examples: at 60 its derandomized sequence never puts a
+# NaN away from rank 0 under the inf norm (mutant-nan-max-dropped survives); at 80 it does by example 17
+BUDGET = 80
 WORLD = 4
 
 

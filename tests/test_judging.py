@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from harness.case import CaseSpec, Variant, declared_from_layout
-from harness.checks import applied_coefficients, evaluate
+from harness.checks import evaluate
+from harness.effects import applied_coefficients, consistent_policies, sanitize
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.injection import Injection, local_grad
 from harness.layout import Layout, MeshSpec, Replicate, Shard, param
@@ -104,17 +105,33 @@ def dense_case(nonfinite=()):
     return CaseSpec(0, "test", variant, "t", 2.0, 0.5)
 
 
-def judge(case, reported, transform, errors=(None, None), post_distinct=None):
+def rank_record(case, rank, reported, transform, error=None, fault=None, params_changed=()):
+    """One rank's record as the runner builds it, for a target that maps each grad with ``transform``
+    (returning None deletes it) and returned ``reported``."""
+    layout, injection = case.layout, case.injection
+    pre = {s.name: local_grad(layout, injection, s, rank) for s in layout.trainable}
+    raw = {n: (None if g is None else transform(rank, n, g.clone())) for n, g in pre.items()}
+    post, mangled = sanitize(pre, raw)
+    local = applied_coefficients(pre, post)
+    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
+    local["mangled"] = mangled
+    local["params_changed"] = list(params_changed)
+    if injection.nonfinite:
+        local["policies"] = consistent_policies(pre, post)
+    return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
+
+
+def judge(case, reported, transform, errors=None, post_distinct=None, faults=None, params_changed=None):
     """Build per-rank records as if a target returned ``reported`` and mapped grads with ``transform``."""
     layout, injection = case.layout, case.injection
-    stats = simulated_stats(layout, injection, 2.0)
-    truth = constructive_norm(layout, injection, 2.0)
-    records = []
-    for r in range(2):
-        pre = {s.name: local_grad(layout, injection, s, r) for s in layout.trainable}
-        post = {n: transform(r, n, g.clone()) for n, g in pre.items()}
-        records.append({"reported": reported[r], "error": errors[r], "seconds": 0.0,
-                        "local": applied_coefficients(pre, post)})
+    world = layout.mesh.world_size
+    errors = errors or (None,) * world
+    faults = faults or (None,) * world
+    params_changed = params_changed or ((),) * world
+    stats = simulated_stats(layout, injection, case.norm_type)
+    truth = constructive_norm(layout, injection, case.norm_type)
+    records = [rank_record(case, r, reported[r], transform, errors[r], faults[r], params_changed[r])
+               for r in range(world)]
     pre_rep = true_replication(layout)
     post_rep = Replication(post_distinct) if post_distinct else pre_rep
     return evaluate(case, truth, truth, stats, pre_rep, post_rep, records), truth
@@ -135,7 +152,8 @@ def test_correct_records_pass_every_check():
     truth, scale = correct(case)
     result, _ = judge(case, [truth, truth], scale)
     assert result.verdict == "PASS" and not result.failed
-    assert {c.name for c in result.checks} == {"truth", "norm", "agree", "coefficient", "replicas"}
+    assert {c.name for c in result.checks} == {"truth", "contract", "params", "norm", "agree", "coefficient",
+                                               "replicas"}
 
 
 def test_norm_check_fails_on_a_wrong_value():
@@ -215,3 +233,79 @@ def test_harness_error_when_measured_and_constructive_disagree():
     rep = true_replication(layout)
     result = evaluate(case, truth, truth * 1.01, stats, rep, rep, records)
     assert result.verdict == "ERROR" and "HARNESS ERROR" in result.failed[0].detail
+
+
+# -- non-finite policies, faults and parameters (issue: verdicts on clips nobody here wrote) ---------------
+def partial_case(nonfinite=(("a", 0, "nan"),), norm_type=2.0):
+    """Parameter 'b' lives on rank 0 only, so rank 1 holds only 'a'; with 'a' absent on rank 2 of a
+    3-rank mesh, rank 2 holds no gradient at all."""
+    mesh = MeshSpec.of(dp=3)
+    layout = Layout(mesh, (param("a", (4, 3), present_ranks={0, 1}), param("b", (3,), present_ranks={0})))
+    variant = Variant("dp=3 partial", layout, Injection(seed=2, nonfinite=nonfinite), declared_from_layout(layout))
+    return CaseSpec(0, "test", variant, "t", norm_type, 0.5)
+
+
+@pytest.mark.parametrize("policy, transform", [
+    ("skip-step zeroing", lambda r, n, g: g.zero_()),
+    ("propagate NaN (torch)", lambda r, n, g: g * math.nan),
+    ("leave", lambda r, n, g: g),
+    ("torch after an inf norm: g * 0", lambda r, n, g: g * 0.0),
+])
+def test_every_legitimate_nonfinite_policy_passes_when_a_rank_holds_nothing(policy, transform):
+    for kind in ("nan", "inf"):
+        case = partial_case(nonfinite=(("a", 1, kind),))
+        result, _ = judge(case, [math.nan if kind == "nan" else math.inf] * 3, transform)
+        assert result.verdict == "PASS", (policy, kind, [(c.name, c.detail) for c in result.failed])
+
+
+def test_ranks_that_hold_gradients_must_apply_the_same_policy():
+    case = partial_case()
+    split, _ = judge(case, [math.nan] * 3, lambda r, n, g: g.zero_() if r == 0 else g * math.nan)
+    assert failed(split) == {"nonfinite"} and "holds nothing" in split.failed[0].detail
+    finite_on_empty, _ = judge(case, [math.nan, math.nan, 0.0], lambda r, n, g: g * math.nan)
+    assert "nonfinite" in failed(finite_on_empty)
+
+
+def test_only_a_documented_nonfinite_raise_passes_a_nonfinite_case():
+    case = partial_case()
+    torch_words = ("RuntimeError: The total norm of order 2.0 for gradients from `parameters` is non-finite, "
+                   "so it cannot be clipped. (at clip.py:9)")
+    documented, _ = judge(case, [None] * 3, lambda r, n, g: g, errors=(torch_words,) * 3)
+    assert documented.verdict == "PASS"
+    arbitrary, _ = judge(case, [None] * 3, lambda r, n, g: g, errors=("ValueError: broken on purpose (at inf/x.py:3)",) * 3)
+    assert failed(arbitrary) == {"raised", "nonfinite"}
+    partial, _ = judge(case, [None, math.nan, math.nan], lambda r, n, g: g, errors=(torch_words, None, None))
+    assert "raised" in failed(partial)
+
+
+def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
+    case = partial_case()
+    none_returned, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan,
+                             faults=("the clip function returned NoneType, expected a number or a tensor",) * 3)
+    assert {"contract", "nonfinite"} <= failed(none_returned)
+    deleted, _ = judge(case, [math.nan] * 3, lambda r, n, g: None)
+    assert {"contract", "nonfinite"} <= failed(deleted) and "lost its gradient" in deleted.checks[1].detail
+
+
+def test_a_mangled_gradient_is_a_contract_failure_not_a_crash():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], lambda r, n, g: scale(r, n, g).reshape(-1) if n == "a" else scale(r, n, g))
+    assert failed(result) == {"contract"} and "shape (4, 3) -> (12,)" in result.failed[0].detail
+
+
+def test_changed_parameters_fail_the_params_check():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], scale, params_changed=((), ("a",)))
+    assert failed(result) == {"params"} and "rank 1: a" in result.failed[0].detail
+
+
+def test_gradients_scaled_up_below_the_bound_fail_the_coefficient_check():
+    case = dense_case()
+    truth = constructive_norm(case.layout, case.injection, 2.0)
+    above = CaseSpec(0, "test", case.variant, "t", 2.0, 2 * truth)
+    kept, _ = judge(above, [truth, truth], lambda r, n, g: g)
+    assert kept.verdict == "PASS"
+    up, _ = judge(above, [truth, truth], lambda r, n, g: g * 2.0)
+    assert failed(up) == {"coefficient"}

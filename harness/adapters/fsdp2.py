@@ -16,7 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from ..context import CaseContext
+from ..case_context import CaseContext
+from ..model import parameter_values
 from ..targets import Target
 
 
@@ -41,7 +42,7 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
             owner = module.get_submodule(owner_path) if owner_path else module
             shape = list(p.shape)
             shape[dim] *= shards
-            owner.register_parameter(leaf, nn.Parameter(torch.zeros(shape, dtype=p.dtype, device=p.device),
+            owner.register_parameter(leaf, nn.Parameter(parameter_values(tuple(shape), p.dtype, p.device),
                                                         requires_grad=p.requires_grad))
         fully_shard(module, mesh=mesh, shard_placement_fn=lambda _p, d=dim: Shard(d))
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from ..context import CaseContext
+from ..case_context import CaseContext
 from ..frameworks import TORCHTITAN
 from ..layout import MeshSpec
 from ..model import torch_placements

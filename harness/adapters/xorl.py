@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
-from ..context import CaseContext
+from ..case_context import CaseContext
 from ..frameworks import XORL
 from ..targets import Target
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from ..targets import Target
 from . import (
+    empty_rank_zero,
     fallback_replicated,
+    fp32_copy,
     inf_norm_summed,
     local_coefficient,
     local_root_mean,
     missing_ep_reduction,
+    nan_max_dropped,
     nonfinite_flag_local,
+    scales_up,
     tp_replicas_summed,
+    weights_misaligned,
 )
 
 _MODULES = (
@@ -26,6 +31,11 @@ _MODULES = (
     inf_norm_summed,
     nonfinite_flag_local,
     local_coefficient,
+    scales_up,
+    empty_rank_zero,
+    fp32_copy,
+    nan_max_dropped,
+    weights_misaligned,
 )
 
 MUTANTS: dict[str, Target] = {

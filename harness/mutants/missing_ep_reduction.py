@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..clipmath import clip_coefficient, collective_scalar, reduce_op, root, scale_grads_
-from ..context import context
+from ..case_context import context
 from ..reference import reference_partial
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from ..clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
-from ..context import CaseContext, context
+from ..case_context import CaseContext, context
 
 
 def _copies_within_my_tp_slice(ctx: CaseContext, name: str) -> int:

@@ -1,0 +1,188 @@
+"""A run never reports PASS when something broke: faults in the function under test fail their own
+case (naming the rank and the cause), in bounded time, later cases still run, and the exit status
+says what happened through `clipcheck run`, torchrun, `matrix` and `fuzz`.
+
+The fault targets live in tests/broken_targets.py; each one's docstring starts with the check it must
+fail ("params: ...", "contract: ...", "hang: ..."), which is what these tests read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+import broken_targets
+from harness_runs import ROOT, run_clipcheck, run_harness
+
+pytestmark = pytest.mark.distributed
+
+BROKEN = "tests/broken_targets.py"
+ONE_CASE = ["--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5"]
+
+
+def expected_check(name: str) -> str:
+    return inspect.getdoc(getattr(broken_targets, name)).split(":", 1)[0]
+
+
+def failed_checks(case: dict) -> set[str]:
+    return {name for name, check in case["checks"].items() if not check["passed"]}
+
+
+FSDP_LAYOUTS = 5
+JUDGED_FAULTS = ["overwrite_params", "returns_none", "delete_grads", "destroy_default_group", "reshape_grad",
+                 "raise_everywhere"]
+
+
+@pytest.fixture(scope="module")
+def faults_world2(tmp_path_factory):
+    """Each judged fault, then the reference, on the five FSDP layouts (finite, DTensor, NaN on rank 0, NaN
+    on the last rank, inf): the reference after each fault must pass (a fault is blamed on its own
+    case, and the harness restores what it broke)."""
+    targets = []
+    for name in JUDGED_FAULTS:
+        targets += [f"{BROKEN}:{name}", "reference"]
+    return run_clipcheck(2, [*ONE_CASE, "--variant", "fsdp", "--target", ",".join(targets),
+                             "--timeout", "10"], tmp_path_factory.mktemp("faults"))
+
+
+@pytest.mark.parametrize("name", JUDGED_FAULTS)
+def test_a_fault_fails_its_own_check_on_finite_and_nan_cases(faults_world2, name):
+    cases = faults_world2.cases(target=f"{BROKEN}:{name}")
+    assert len(cases) == FSDP_LAYOUTS and any("nan" in c["layout"] for c in cases)
+    for case in cases:
+        if name == "reshape_grad" and "dtensor" in case["layout"]:
+            # to_local() is a view: resizing it leaves the DTensor gradient whole, so nothing is wrong
+            assert case["verdict"] == "PASS", case["checks"]
+            continue
+        assert case["verdict"] == "FAIL", (case["layout"], case["checks"])
+        assert expected_check(name) in failed_checks(case), (case["layout"], failed_checks(case))
+
+
+def test_the_reference_after_every_fault_passes(faults_world2):
+    run = faults_world2
+    assert [c["verdict"] for c in run.cases(target="reference")] == ["PASS"] * FSDP_LAYOUTS * len(JUDGED_FAULTS)
+    assert run.summary["cases"] == 2 * FSDP_LAYOUTS * len(JUDGED_FAULTS) and run.summary["unjudged"] == 0
+    assert run.returncode == 1 and "Traceback" not in run.stdout
+
+
+def test_destroying_the_default_group_is_blamed_on_the_target_that_did_it(faults_world2):
+    case = faults_world2.cases(target=f"{BROKEN}:destroy_default_group")[0]
+    assert "default process group" in case["checks"]["contract"]["detail"]
+
+
+@pytest.mark.parametrize("name, check, rank", [
+    ("hang_on_rank1", "hang", 1),
+    ("new_group_on_rank1", "hang", 1),
+    ("exit_on_rank1", "crash", 1),
+    ("stray_collective_of_another_size", "crash", None),
+])
+def test_a_hung_or_dead_rank_is_an_error_naming_it_and_the_next_case_runs(tmp_path, name, check, rank):
+    start = time.monotonic()
+    run = run_clipcheck(2, [*ONE_CASE, "--variant", "replicated", "--target", f"{BROKEN}:{name},reference",
+                            "--timeout", "3"], tmp_path, timeout=240)
+    seconds = time.monotonic() - start
+    broken, after = run.cases()
+    assert broken["verdict"] == "ERROR" and failed_checks(broken) == {check}, broken["checks"]
+    detail = broken["checks"][check]["detail"]
+    if rank is not None:
+        assert f"rank {rank}" in detail, detail
+    if name == "hang_on_rank1":
+        assert "time.sleep" in detail or "sleep" in detail  # the hung rank's stack
+    assert after["verdict"] == "PASS"  # the launch was resumed at the next case
+    assert run.summary["unjudged"] == 1 and run.summary["status"] == 3
+    assert run.returncode == 3, run.stderr
+    assert seconds < 120
+
+
+def test_an_import_error_on_one_rank_is_printed_with_its_rank(tmp_path):
+    target = tmp_path / "rank1_breaks.py"
+    target.write_text("import os\nif os.environ.get('RANK') == '1':\n    raise ImportError('only rank 1 lacks it')\n"
+                      "from harness.reference import reference as clip\n")
+    run = run_harness(2, [*ONE_CASE, "--target", f"{target}:clip"], tmp_path, timeout=120)
+    assert "clipcheck: error: rank 1: " in run.stderr and "only rank 1 lacks it" in run.stderr
+    assert not run.cases()
+
+
+# -- matrix -------------------------------------------------------------------------------------------------
+def run_matrix(args: list[str], out: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "harness", "matrix", *args, "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_matrix_whose_rank_died_is_not_a_pass(tmp_path):
+    out = tmp_path / "results"
+    proc = run_matrix(["--nproc-list", "2", "--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2",
+                       "--clip-ratio", "0.5", "--variant", "replicated", "--target",
+                       f"{BROKEN}:exit_on_rank1,reference", "--timeout", "5"], out)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "=> PASS" not in proc.stdout
+    records = [__import__("json").loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    crash = [r for r in records if r.get("type") == "case" and r["verdict"] == "ERROR"]
+    assert len(crash) == 1 and "crash" in crash[0]["checks"] and "rank 1" in crash[0]["checks"]["crash"]["detail"]
+    suite = ET.parse(out / "junit.xml").getroot()
+    suites = [suite] if suite.tag == "testsuite" else list(suite)
+    assert sum(int(s.get("errors", 0)) for s in suites) == 1
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry reaches pid (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_matrix_leaves_no_process_and_merges_what_finished(tmp_path, signum):
+    out = tmp_path / "results"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "matrix", "--nproc-list", "2", "--scenario", "dense_dp",
+                             "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5", "--variant", "replicated",
+                             "--target", f"reference,{BROKEN}:hang_on_rank1", "--timeout", "120", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and len(_descendants(proc.pid)) < 3:  # the launch and its two ranks
+        time.sleep(0.5)
+    time.sleep(8)  # the reference case finishes; the hang begins
+    family = _descendants(proc.pid)
+    proc.send_signal(signum)
+    output, _ = proc.communicate(timeout=90)
+    time.sleep(1)
+    alive = [p for p in family if Path(f"/proc/{p}").exists()]
+    assert not alive, f"orphans left: {alive}\n{output}"
+    assert proc.returncode != 0
+    merged = out / "results.jsonl"
+    assert merged.exists(), output
+    text = merged.read_text()
+    assert '"target": "reference"' in text and '"verdict": "PASS"' in text
+
+
+# -- fuzz ---------------------------------------------------------------------------------------------------
+def test_fuzz_with_a_target_that_kills_a_rank_ends_in_bounded_time(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--target", f"{BROKEN}:exit_on_rank1",
+                           "--examples", "5", "--world", "2", "--timeout", "10"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "crash" in proc.stdout + proc.stderr
+    assert time.monotonic() - start < 90
