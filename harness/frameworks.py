@@ -51,7 +51,7 @@ class Framework:
 
 DEEPSPEED = Framework(
     "deepspeed", "deepspeed.runtime.utils", "deepspeed",
-    "pip install '.[deepspeed]' (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8)",
+    "pip install 'clipcheck[deepspeed]' (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8)",
 )
 TORCHTITAN = Framework(
     "torchtitan", "torchtitan.distributed.utils", "torchtitan",

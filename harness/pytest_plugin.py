@@ -4,6 +4,17 @@
     def test_my_clip_counts_experts_once():
         ...  # runs on every rank with torch.distributed initialized (default group = the 4 ranks)
 
+    @pytest.mark.world_size([1, 2, 4])          # once per size: test_x[world1], [world2], [world4]
+    def test_x(): ...
+
+A world that cannot run here is a skip with the reason, never a failure: ``backend="nccl"`` (or the
+default backend on a GPU machine) with no CUDA, or a world larger than the visible GPU count. Under
+pytest-xdist each worker gets its own share of the GPUs (``CUDA_VISIBLE_DEVICES``). The timeout comes
+from the marker, else ``--clipcheck-timeout``, else the ``clipcheck_timeout`` ini value (60 s).
+``clipcheck_fuzz_database`` (ini, a folder; off by default) gives the ``fuzz_database`` fixture a
+hypothesis example database, so ``fuzz(..., database=fuzz_database)`` replays earlier failures first.
+torch is imported only when a test uses a world.
+
 A world is started once per (world size, backend) and reused by every test that asks for it, so a
 test costs milliseconds, not a torchrun start; under pytest-xdist each worker keeps its own worlds.
 When some ranks fail, the test fails with each failing rank's traceback labelled by its rank; when a
@@ -20,15 +31,21 @@ point of the installed package.
 
 from __future__ import annotations
 
+import glob
 import inspect
+import os
 import pickle
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from .pool import RankPool
+from .devices import cuda_device_count, worker_visible_devices, world_skip_reason, xdist_worker
+
+if TYPE_CHECKING:
+    from .pool import RankPool
 
 DEFAULT_TIMEOUT_S = 60.0
+_WORLD_PARAM = "_clipcheck_world_size"
 
 
 class PoolRegistry:
@@ -37,7 +54,9 @@ class PoolRegistry:
     def __init__(self) -> None:
         self._pools: dict[tuple[int, str | None, float], RankPool] = {}
 
-    def get(self, world_size: int, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> RankPool:
+    def get(self, world_size: int, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "RankPool":
+        from .pool import RankPool  # torch is imported by the first test that needs a world
+
         key = (world_size, backend, timeout_s)
         if key not in self._pools:
             self._pools[key] = RankPool(world_size, backend=backend, timeout_s=timeout_s)
@@ -55,15 +74,69 @@ _REGISTRY_KEY = pytest.StashKey[PoolRegistry]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("clipcheck_timeout", "seconds a rank may take in a world_size test before it counts as hung",
                   default=str(DEFAULT_TIMEOUT_S))
+    parser.addini("clipcheck_fuzz_database", "folder of the hypothesis example database the fuzz_database "
+                  "fixture gives (empty: none, nothing is kept between runs)", default="")
+    parser.getgroup("clipcheck").addoption(
+        "--clipcheck-timeout", type=float, default=None, metavar="SECONDS",
+        help="seconds a rank may take in a world_size test (overrides the clipcheck_timeout ini value)")
+
+
+def configured_timeout(config: pytest.Config) -> float:
+    """--clipcheck-timeout, else the ini value."""
+    value = config.getoption("--clipcheck-timeout", default=None)
+    return float(value if value is not None else config.getini("clipcheck_timeout"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "world_size(n, timeout=None, backend=None): run the test body on n ranks of a warm world "
+        "world_size(n or [n, ...], timeout=None, backend=None): run the test body on n ranks of a warm world "
         "(clipcheck); each failing rank is reported with its rank",
     )
     config.stash[_REGISTRY_KEY] = PoolRegistry()
+    worker = xdist_worker()
+    if worker is not None and os.environ.get("CLIPCHECK_GPUS_SPLIT") != "1" and glob.glob("/dev/nvidia[0-9]*"):
+        devices = worker_visible_devices(*worker, cuda_device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if devices is not None:  # the ranks are started later, from this environment
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
+            os.environ["CLIPCHECK_GPUS_SPLIT"] = "1"
+
+
+def _has_cuda_build() -> bool:
+    """Whether counting GPUs is worth importing torch for (a CPU build has none)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``world_size([1, 2, 4])``: the test once per size, each an item of its own."""
+    marker = metafunc.definition.get_closest_marker("world_size")
+    if marker is None or not marker.args or not isinstance(marker.args[0], (list, tuple)):
+        return
+    sizes = list(marker.args[0])
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: world_size([...]) needs positive ints, got {sizes}")
+    metafunc.fixturenames.append(_WORLD_PARAM)
+    metafunc.parametrize(_WORLD_PARAM, sizes, ids=[f"world{n}" for n in sizes])
+
+
+@pytest.fixture
+def _clipcheck_world_size(request: pytest.FixtureRequest) -> int:
+    return request.param
+
+
+@pytest.fixture
+def fuzz_database(request: pytest.FixtureRequest) -> Any:
+    """The hypothesis example database named by ``clipcheck_fuzz_database``, or None (the default)."""
+    folder = request.config.getini("clipcheck_fuzz_database")
+    if not folder:
+        return None
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    return DirectoryBasedExampleDatabase(os.path.join(str(request.config.rootpath), folder))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -74,9 +147,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def rank_pool(request: pytest.FixtureRequest) -> Callable[..., RankPool]:
-    """``rank_pool(n, backend=None)``: the warm world of n ranks, to ``run`` functions on."""
+    """``rank_pool(n, backend=None)``: the warm world of n ranks, to ``run`` functions on, with the
+    configured timeout; a world that cannot run here skips the test."""
     registry = request.config.stash[_REGISTRY_KEY]
-    return lambda n, backend=None: registry.get(n, backend)
+    timeout = configured_timeout(request.config)
+
+    def get(n: int, backend: str | None = None) -> "RankPool":
+        reason = _world_skip(n, backend)
+        if reason:
+            pytest.skip(reason)
+        return registry.get(n, backend, timeout)
+
+    return get
+
+
+def _world_skip(world_size: int, backend: str | None) -> str | None:
+    """The skip reason for a world on this machine; the default backend is nccl where CUDA is."""
+    if backend not in (None, "nccl"):
+        return None
+    devices = cuda_device_count() if (backend == "nccl" or _has_cuda_build()) else 0
+    chosen = backend or ("nccl" if devices else "gloo")
+    return world_skip_reason(world_size, chosen, devices)
 
 
 def _call_on_rank(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
@@ -88,11 +179,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("world_size")
     if marker is None:
         return None
-    if not marker.args or not isinstance(marker.args[0], int) or marker.args[0] < 1:
-        raise pytest.UsageError(f"{pyfuncitem.nodeid}: use @pytest.mark.world_size(n) with a positive int n")
-    world_size = marker.args[0]
-    timeout = float(marker.kwargs.get("timeout") or pyfuncitem.config.getini("clipcheck_timeout"))
+    callspec = getattr(pyfuncitem, "callspec", None)
+    if callspec is not None and _WORLD_PARAM in callspec.params:
+        world_size = callspec.params[_WORLD_PARAM]
+    elif marker.args and isinstance(marker.args[0], int) and not isinstance(marker.args[0], bool) \
+            and marker.args[0] >= 1:
+        world_size = marker.args[0]
+    else:
+        raise pytest.UsageError(f"{pyfuncitem.nodeid}: use @pytest.mark.world_size(n) with a positive int n "
+                                "(or a list of them)")
+    timeout = float(marker.kwargs.get("timeout") or configured_timeout(pyfuncitem.config))
     backend = marker.kwargs.get("backend")
+    reason = _world_skip(world_size, backend)
+    if reason:
+        pytest.skip(reason)
     fn = pyfuncitem.obj
     if "." in fn.__qualname__:
         raise pytest.UsageError(f"{pyfuncitem.nodeid}: world_size tests must be module-level functions")

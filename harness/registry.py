@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from .builtin_scenarios import scenarios_package
 from .loading import LoadError, is_reference, load_object
 from .scenario import Scenario
 from .targets import BUILTIN_TARGETS, Target
 
 
 def builtin_scenarios() -> dict[str, Scenario]:
-    from scenarios import SCENARIOS  # the top-level package of scenario modules
-
-    return {cls.name: cls() for cls in SCENARIOS}
+    """The scenarios shipped with the running harness (``harness.scenarios``), never the cwd's."""
+    return {cls.name: cls() for cls in scenarios_package().SCENARIOS}
 
 
 def resolve_scenario(name: str) -> Scenario:

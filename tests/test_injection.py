@@ -11,8 +11,9 @@ from harness.injection import Injection, local_grad, logical_grad
 from harness.layout import Layout, LayoutError, MeshSpec, Shard, param
 from harness.oracle import bit_words, constructive_norm
 from harness.values import box_values, full_box, logical_values, magnitude
-from scenarios.deepspeed_autoep import autoep_layout
-from scenarios.xorl_ep_lora import adapter_layout
+import harness.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
+from harness.scenarios.deepspeed_autoep import autoep_layout
+from harness.scenarios.xorl_ep_lora import adapter_layout
 
 
 def _by_box(layout, injection, spec):

@@ -91,3 +91,63 @@ def test_sum(i):
 ''')
     result = pytester.runpytest_subprocess("-p", "harness.pytest_plugin", "-n", "2", "-q")
     result.assert_outcomes(passed=4)
+
+
+PARITY = '''
+import time
+import pytest
+import torch.distributed as dist
+
+@pytest.mark.world_size([1, 2])
+def test_each_size():
+    assert dist.get_world_size() in (1, 2)
+
+@pytest.mark.world_size(2, backend="nccl")
+def test_wants_gpus():
+    raise AssertionError("must not run without CUDA")
+
+@pytest.mark.world_size(2)
+def test_hangs_past_the_command_line_timeout():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+
+def test_rank_pool_uses_the_configured_timeout(rank_pool):
+    assert rank_pool(2).timeout_s == 2.0
+
+def test_no_database_unless_asked(fuzz_database):
+    assert fuzz_database is None
+'''
+
+
+def test_plugin_parity_sizes_gpu_skips_and_command_line_timeout(inner):
+    pytester = inner
+    pytester.makepyfile(test_parity=PARITY)
+    result = pytester.runpytest_subprocess("-p", "harness.pytest_plugin", "-v", "-rs", "--clipcheck-timeout", "2")
+    result.assert_outcomes(passed=4, failed=1, skipped=1)
+    out = result.stdout.str()
+    assert "test_each_size[world1] PASSED" in out and "test_each_size[world2] PASSED" in out
+    assert "backend nccl needs CUDA" in out
+    assert "no answer within 2 s" in out
+
+
+def test_an_opt_in_example_database(inner):
+    pytester = inner
+    pytester.makeini("[pytest]\nclipcheck_fuzz_database = .clipcheck-examples\n")
+    pytester.makepyfile(test_db='''
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+def test_database(fuzz_database):
+    assert isinstance(fuzz_database, DirectoryBasedExampleDatabase)
+''')
+    result = pytester.runpytest_subprocess("-p", "harness.pytest_plugin", "-q")
+    result.assert_outcomes(passed=1)
+
+
+def test_the_plugin_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, harness.pytest_plugin; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.stdout.strip() == "False", proc.stderr

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..context import CaseContext, context
+from ..case_context import CaseContext, context
 from ..frameworks import DEEPSPEED
+from ..devices import accelerator_for
 from ..targets import Target
 
 _GROUP_CACHES_DICT = ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP",
@@ -29,8 +30,10 @@ _GROUP_CACHES_DICT = ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP",
 _GROUP_CACHES_NONE = ("_WORLD_GROUP", "_DATA_PARALLEL_GROUP")
 
 
-def _import_deepspeed() -> Any:
-    if not torch.cuda.is_available():
+def _import_deepspeed(device: torch.device) -> Any:
+    """DeepSpeed on the world's device: its CPU accelerator for a gloo world even on a GPU machine,
+    where DeepSpeed would otherwise pick CUDA and allocate there while the gradients are on the CPU."""
+    if accelerator_for(device) == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     importlib.import_module("deepspeed.comm.torch")
     # `import deepspeed.comm.torch as m` would bind the torch package (deepspeed.comm has a `torch`
@@ -41,7 +44,7 @@ def _import_deepspeed() -> Any:
 
 def _prepare_groups(ctx: CaseContext) -> None:
     """DeepSpeed's comm layer and its EP/EDP groups, fresh for this case's process groups."""
-    deepspeed = _import_deepspeed()
+    deepspeed = _import_deepspeed(ctx.device)
     from deepspeed.utils import groups
 
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
@@ -59,7 +62,7 @@ def dress_runtime(model: nn.Module, ctx: CaseContext) -> None:
 
 def dress_engine(model: nn.Module, ctx: CaseContext) -> None:
     _prepare_groups(ctx)
-    deepspeed = _import_deepspeed()
+    deepspeed = _import_deepspeed(ctx.device)
     config = {
         "train_batch_size": ctx.world_size,
         "gradient_clipping": ctx.case.max_norm,

@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from ..context import CaseContext, context
+from ..case_context import CaseContext, context
 from ..frameworks import MEGATRON
+from ..devices import accelerator_for
 from ..targets import Target
 
 
@@ -43,9 +44,10 @@ class _CudaOnCpu(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def cuda_on_cpu() -> Iterator[None]:
-    """Redirect ``device='cuda'`` allocations to the CPU where there is no CUDA; a no-op elsewhere."""
-    if torch.cuda.is_available():
+def cuda_on_cpu(device: torch.device) -> Iterator[None]:
+    """Redirect ``device='cuda'`` allocations to the CPU when the world's device is the CPU (no CUDA, or
+    a gloo launch on a GPU machine, where the gradients are CPU tensors); a no-op on a CUDA world."""
+    if accelerator_for(device) == "cuda":
         yield
         return
     with _CudaOnCpu():
@@ -76,7 +78,7 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> float:
     experts = [p for p in params if not getattr(p, "allreduce", True)]
     for p in params:
         p.decoupled_grad = p.grad
-    with cuda_on_cpu():
+    with cuda_on_cpu(ctx.device):
         dense_norm = get_grad_norm_fp32(for_norm(dense), grad_stats_parallel_group=tp)
         expert_norm = get_grad_norm_fp32(for_norm(experts), grad_stats_parallel_group=ctx.group_over(("ep", "tp")))
         total = math.sqrt(dense_norm**2 + expert_norm**2)

@@ -1,0 +1,128 @@
+"""``harness.check``: the built-in scenarios against your clip function, from Python.
+
+    import harness
+
+    report = harness.check("my_pkg.clip:clip_grad_norm", scenarios=["dense_dp", "xorl_ep_lora"], worlds=[2, 4])
+    assert report.passed, report.describe()
+
+It is the command line's run without a launcher: the same planning (and the same one-line
+``ClipcheckInputError`` for bad input, raised before any process starts), the same judge, the same
+records (``report.records`` are the JSON Lines records, one ``summary`` per world), on warm worlds
+(``RankPool``) instead of torchrun jobs. The ranks are separate processes, so the target must be
+importable by name there: a ``"module:function"`` / ``"path/to/file.py:function"`` string, a
+registered target name, or a module-level function of an importable module.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .errors import ClipcheckInputError
+from .loading import load_object
+from .matrix import spec_from_mapping
+from .plan import Plan, plan_cases
+from .pool import RankPool
+from .pooled import run_case_on_pool
+from .report import Reporter
+from .verdicts import EXIT_PASS
+from .world import default_backend
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found: every record, the text the CLI would have printed, and the status."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""
+    status: int = EXIT_PASS
+
+    @property
+    def passed(self) -> bool:
+        """Every case passed (no failure, no harness error, nothing unjudged)."""
+        return self.status == EXIT_PASS and bool(self.cases)
+
+    @property
+    def cases(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("type") == "case"]
+
+    @property
+    def metamorphic(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("type") == "metamorphic"]
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [r for r in self.cases if r["verdict"] in ("FAIL", "ERROR")]
+
+    def describe(self) -> str:
+        """What ``clipcheck run`` prints for the same selection, world after world."""
+        return self.text
+
+
+def target_reference(target: str | Callable[..., Any]) -> str:
+    """The name the ranks resolve: strings as given; a function by ``module:qualname``, refused (one
+    line) when the ranks could not import it back to the same object."""
+    if isinstance(target, str):
+        return target
+    module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    reference = f"{module}:{qualname}"
+    importable = module not in (None, "__main__") and "<locals>" not in qualname
+    try:
+        importable = importable and load_object(reference) is target
+    except ClipcheckInputError:
+        importable = False
+    if not importable:
+        raise ClipcheckInputError(
+            f"cannot pass {target!r} to the ranks: give a module-level function of an importable module, "
+            "or a 'module:function' / 'path/to/file.py:function' string")
+    return reference
+
+
+def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None = None,
+          worlds: Iterable[int] = (2,), dtypes: Sequence[str] | None = None,
+          norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
+          max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
+          seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
+          pools: Mapping[int, RankPool] | None = None) -> CheckReport:
+    """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
+
+    Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
+    at 0.5x and 2x the true norm. ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
+    ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards."""
+    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
+    for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
+                       ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
+        if value is not None:
+            raw[key] = [str(v) if key == "norm_types" else v for v in value]
+    if max_norm is not None:
+        raw["max_norm"] = max_norm
+    if variant is not None:
+        raw["variant"] = variant
+    spec = spec_from_mapping(raw, source="harness.check")
+    backend = backend or default_backend()
+    plans = {world: plan_cases(spec, world, backend) for world in spec.worlds}  # every input error first
+    report = CheckReport()
+    out = io.StringIO()
+    for world, plan in plans.items():
+        given = (pools or {}).get(world)
+        pool = given or RankPool(world, backend=backend, timeout_s=timeout_s)
+        try:
+            report.status = max(report.status, _run_plan(pool, plan, world, backend, out, report.records))
+        finally:
+            if given is None:
+                pool.close()
+    report.text = out.getvalue()
+    return report
+
+
+def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
+              records: list[dict[str, Any]]) -> int:
+    frameworks = {name: t.framework_version() for name, t in plan.targets.items()}
+    reporter = Reporter(out, None, world, backend, verbose=False, frameworks=frameworks)
+    reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
+    for case in plan.cases:
+        reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario]))
+    status = reporter.finish()
+    records.extend(reporter.records)
+    return status

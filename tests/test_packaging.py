@@ -1,0 +1,91 @@
+"""The product as pip installs it: the wheel carries every harness module, the scenarios as
+``harness.scenarios`` and the package data, declares what the runtime imports, and the harness never
+takes its built-in scenarios from the user's working directory.
+
+The wheel is built from a copy of the sources in a temporary folder (no network, no build isolation),
+so the build never writes ``build/`` or egg-info into the checkout. Installing it into a fresh venv
+and running it there is ``.ci/installed-product``'s job (too slow for a unit test).
+"""
+
+from __future__ import annotations
+
+import email.parser
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from harness.registry import builtin_scenarios
+from harness_runs import ROOT
+
+SOURCES = ("pyproject.toml", "README.md", "harness", "scenarios")
+DECOY = 'raise ImportError("decoy: the scenarios/ folder of the working directory was imported")\n'
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    src = tmp_path_factory.mktemp("src")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--disable-pip-version-check", "-w", str(out), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (built,) = out.glob("clipcheck-*.whl")
+    with zipfile.ZipFile(built) as zf:
+        yield zf
+
+
+def _metadata(wheel: zipfile.ZipFile, name: str) -> str:
+    (path,) = [n for n in wheel.namelist() if n.endswith(f".dist-info/{name}")]
+    return wheel.read(path).decode()
+
+
+def test_wheel_carries_every_module_the_scenarios_and_the_package_data(wheel):
+    names = set(wheel.namelist())
+    expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")
+                if "__pycache__" not in p.parts}
+    expected |= {f"harness/scenarios/{p.name}" for p in (ROOT / "scenarios").glob("*.py")}
+    expected |= {"harness/default_matrix.toml", "harness/adapters/__init__.py", "harness/mutants/__init__.py",
+                 "harness/scenarios/__init__.py"}
+    assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
+    assert not [n for n in names if n.startswith("scenarios/")], "a top-level scenarios package would shadow"
+
+
+def test_wheel_declares_what_the_runtime_imports(wheel):
+    meta = email.parser.Parser().parsestr(_metadata(wheel, "METADATA"))
+    runtime = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    names = {r.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower() for r in runtime}
+    assert "numpy" not in names
+    assert "hypothesis" in names
+    (torch,) = [r.replace(" ", "") for r in runtime if r.lower().startswith("torch")]
+    assert ">=2.13" in torch and "<2.14" in torch, torch
+
+
+def test_wheel_has_the_console_script_and_the_pytest_plugin(wheel):
+    entry_points = _metadata(wheel, "entry_points.txt")
+    assert "clipcheck = harness.cli:main_entry" in entry_points
+    assert "[pytest11]" in entry_points and "harness.pytest_plugin" in entry_points
+
+
+def test_a_scenarios_folder_in_the_working_directory_does_not_shadow_the_builtins(tmp_path: Path):
+    # python -m puts the cwd first on sys.path: a top-level `import scenarios` would find the decoy
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "__init__.py").write_text(DECOY)
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, "-m", "harness", "--list"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()}
+    assert set(builtin_scenarios()) <= listed, proc.stdout
+    assert "decoy" not in proc.stdout + proc.stderr
