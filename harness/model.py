@@ -7,6 +7,8 @@ layout's dotted names, so ``model.named_parameters()`` and the layout agree.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from typing import Mapping
 
 import torch
@@ -77,12 +79,35 @@ def build_model(
     return root
 
 
+_GENERATED: "OrderedDict[tuple[int, int, int], tuple[Layout, Injection, dict[str, torch.Tensor | None]]]" = \
+    OrderedDict()
+_GENERATED_KEPT = 8
+
+
+def _generated(layout: Layout, injection: Injection, rank: int) -> dict[str, torch.Tensor | None]:
+    """This rank's generated gradients of a variant, hashed once and kept for its later cases (every
+    target, norm type and bound of a variant runs on the same gradients; hashing each element again
+    was a large share of a case's CPU). Keyed by the objects, kept alive while cached."""
+    key = (id(layout), id(injection), rank)
+    entry = _GENERATED.get(key)
+    if entry is None or entry[0] is not layout or entry[1] is not injection:
+        entry = (layout, injection, {spec.name: local_grad(layout, injection, spec, rank) for spec in layout
+                                     if layout.local_box(spec, rank) is not None})
+        _GENERATED[key] = entry
+        while len(_GENERATED) > _GENERATED_KEPT:
+            _GENERATED.popitem(last=False)
+    _GENERATED.move_to_end(key)
+    return entry[2]
+
+
 def inject_grads(model: nn.Module, layout: Layout, injection: Injection, rank: int) -> None:
-    """Give every parameter this rank's gradient (or None), wrapped like the parameter itself."""
+    """Give every parameter this rank's gradient (or None), wrapped like the parameter itself; a copy
+    of the generated one, since the function under test writes into it."""
+    generated = _generated(layout, injection, rank)
     for name, p in model.named_parameters():
-        grad = local_grad(layout, injection, layout.param(name), rank)
+        grad = generated[name]
         if grad is not None:
-            grad = grad.to(local_tensor(p).device)
+            grad = grad.to(local_tensor(p).device, copy=True)
             if isinstance(p, DTensor):
                 grad = DTensor.from_local(grad, p.device_mesh, p.placements, run_check=False)
         p.grad = grad

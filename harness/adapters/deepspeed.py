@@ -42,18 +42,36 @@ def _import_deepspeed(device: torch.device) -> Any:
     return importlib.import_module("deepspeed")
 
 
+# DeepSpeed's EP/EDP/DP groups for the current generation of process groups, by ep size: built once
+# and handed back to DeepSpeed for every later case, since new groups every case (never freed until
+# the generation ends) piled up hundreds of gloo groups and their threads per rank at world 8
+# (the key is what every rank knows alike, so every rank builds or reuses together: groups are collective)
+_BUILT: dict[tuple[int, int], dict[str, Any]] = {}
+
+
 def _prepare_groups(ctx: CaseContext) -> None:
-    """DeepSpeed's comm layer and its EP/EDP groups, fresh for this case's process groups."""
+    """DeepSpeed's comm layer and its EP/EDP groups for this case's generation of process groups."""
     deepspeed = _import_deepspeed(ctx.device)
     from deepspeed.utils import groups
 
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+    generation = ctx.world.generation if ctx.world is not None else -1
+    key = (generation, ctx.group_size("ep"))
+    built = _BUILT.get(key)
+    if built is not None:
+        for name, value in built.items():
+            setattr(groups, name, dict(value) if isinstance(value, dict) else value)
+        return
     for name in _GROUP_CACHES_DICT:
         setattr(groups, name, {})
     for name in _GROUP_CACHES_NONE:
         setattr(groups, name, None)
     groups._create_expert_and_data_parallel(ctx.group_size("ep"))  # collective: every rank
     groups._get_data_parallel_group()  # its first call builds a group: every rank, now
+    for stale in [k for k in _BUILT if k[0] != generation]:  # groups of an ended generation
+        del _BUILT[stale]
+    _BUILT[key] = {name: (dict(getattr(groups, name)) if name in _GROUP_CACHES_DICT else getattr(groups, name))
+                   for name in _GROUP_CACHES_DICT + _GROUP_CACHES_NONE}
 
 
 def dress_runtime(model: nn.Module, ctx: CaseContext) -> None:
