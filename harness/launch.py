@@ -33,6 +33,7 @@ from .checks import unjudged_result
 from .cli import add_selection_options, spec_from_args
 from .errors import ClipcheckInputError
 from .junit import write_junit
+from .devices import cuda_device_count, world_skip_reason
 from .matrix_view import compact_summary, write_html
 from .metamorphic import metamorphic_groups
 from .plan import Plan, UsageError, plan_cases
@@ -94,13 +95,15 @@ def plan_launches(args: argparse.Namespace, out: Path) -> tuple[list[Launch], li
         if backend not in ("gloo", "nccl"):
             raise ClipcheckInputError(f"unknown backend {backend!r} (known: gloo, nccl)")
     launches, skipped = [], []
+    devices = cuda_device_count()
     for backend in backends:
-        if backend == "nccl" and not torch.cuda.is_available():
-            skipped.append("backend nccl: no CUDA device here")
+        if backend == "nccl" and devices == 0:
+            skipped.append(f"backend nccl: {world_skip_reason(1, backend, devices)}")
             continue
         for world in worlds:
-            if backend == "nccl" and world > torch.cuda.device_count():
-                skipped.append(f"world {world} nccl: only {torch.cuda.device_count()} GPU(s)")
+            reason = world_skip_reason(world, backend, devices)
+            if reason:
+                skipped.append(f"world {world} {backend}: {reason}")
                 continue
             try:
                 plan = plan_cases(spec, world, backend)

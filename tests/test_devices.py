@@ -56,3 +56,14 @@ def test_megatrons_cuda_allocations_follow_the_world():
 
     with cuda_on_cpu(torch.device("cpu")):
         assert torch.zeros(2, device="cuda").device.type == "cpu"
+
+
+def test_the_matrix_plans_worlds_beyond_the_gpus_as_skips(monkeypatch, tmp_path):
+    import harness.launch as launch
+
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: 2)
+    args = launch.build_parser().parse_args(["--nproc-list", "1,2,4", "--backends", "nccl", "--scenario", "dense_dp",
+                                             "--target", "reference", "--out", str(tmp_path)])
+    launches, skipped = launch.plan_launches(args, tmp_path)
+    assert [lc.tag for lc in launches] == ["world 1 nccl", "world 2 nccl"]
+    assert skipped == ["world 4 nccl: world size 4 on nccl needs 4 GPUs (one per rank), 2 visible"]
