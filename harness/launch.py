@@ -27,18 +27,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 from .checks import unjudged_result
 from .cli import add_selection_options, spec_from_args
+from .devices import cuda_device_count, world_skip_reason
 from .errors import ClipcheckInputError
 from .junit import write_junit
-from .devices import cuda_device_count, world_skip_reason
 from .matrix_view import compact_summary, write_html
 from .metamorphic import metamorphic_groups
 from .plan import Plan, UsageError, plan_cases
 from .report import case_json, metamorphic_json, read_records
 from .verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
+from .world import default_backend
 
 DEFAULT_MATRIX = "default_matrix.toml"
 STOP_GRACE_S = 30.0
@@ -90,7 +89,7 @@ def plan_launches(args: argparse.Namespace, out: Path) -> tuple[list[Launch], li
     if not worlds or min(worlds) < 1:
         raise ClipcheckInputError("--nproc-list needs positive world sizes")
     spec = spec_from_args(args)
-    backends = _split(args.backends) or list(spec.backends) or ["nccl" if torch.cuda.is_available() else "gloo"]
+    backends = _split(args.backends) or list(spec.backends) or [default_backend()]
     for backend in backends:
         if backend not in ("gloo", "nccl"):
             raise ClipcheckInputError(f"unknown backend {backend!r} (known: gloo, nccl)")

@@ -102,15 +102,6 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ["CLIPCHECK_GPUS_SPLIT"] = "1"
 
 
-def _has_cuda_build() -> bool:
-    """Whether counting GPUs is worth importing torch for (a CPU build has none)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.version.cuda is not None
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``world_size([1, 2, 4])``: the test once per size, each an item of its own."""
     marker = metafunc.definition.get_closest_marker("world_size")
@@ -165,7 +156,7 @@ def _world_skip(world_size: int, backend: str | None) -> str | None:
     """The skip reason for a world on this machine; the default backend is nccl where CUDA is."""
     if backend not in (None, "nccl"):
         return None
-    devices = cuda_device_count() if (backend == "nccl" or _has_cuda_build()) else 0
+    devices = cuda_device_count()  # a test that uses a world imports torch anyway
     chosen = backend or ("nccl" if devices else "gloo")
     return world_skip_reason(world_size, chosen, devices)
 
