@@ -4,8 +4,10 @@
 #   2. the default matrix on nccl (`clipcheck matrix --backends nccl`) at every world size of
 #      1, 2, 4, 8 up to the GPU count (larger worlds are planned as skips, never run), JUnit, JSON Lines
 #      and report.html under results-gpu/;
-#   3. the GPU decisions of the pytest suite (tests/test_devices.py) and the plugin tests on the GPU
-#      machine (tests/test_plugin.py: nccl skips, xdist's CUDA_VISIBLE_DEVICES split);
+#   3. the GPU decisions of the pytest suite (tests/test_devices.py), the plugin tests on the GPU
+#      machine (tests/test_plugin.py: nccl skips, xdist's CUDA_VISIBLE_DEVICES split) and the nccl
+#      failure path (tests/test_gpu.py, 2+ GPUs: a raise, a skipped collective, a kernel left in
+#      flight, a dead rank; each fails its own case and the next case passes);
 # then one summary line. Expected to take under 8 minutes on one GPU.
 # Usage: bench/gpu_check.sh [PYTHON]   (default .venv/bin/python)
 set -uo pipefail
@@ -25,7 +27,7 @@ for w in 1 2 4 8; do [ "$w" -le "$gpus" ] && worlds="${worlds:+$worlds,}$w"; don
 
 "$PY" -m harness matrix --backends nccl --nproc-list "$worlds" --out "$OUT" >"$OUT/matrix.out" 2>&1
 matrix_rc=$?
-"$PY" -m pytest -q -p no:cacheprovider tests/test_devices.py tests/test_plugin.py --junitxml "$OUT/pytest-junit.xml" \
+"$PY" -m pytest -q -p no:cacheprovider tests/test_devices.py tests/test_plugin.py tests/test_gpu.py --junitxml "$OUT/pytest-junit.xml" \
   >"$OUT/pytest.out" 2>&1
 pytest_rc=$?
 

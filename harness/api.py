@@ -19,6 +19,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .devices import world_problem
 from .errors import ClipcheckInputError
 from .loading import load_object
 from .matrix import spec_from_mapping
@@ -37,6 +38,8 @@ class CheckReport:
     records: list[dict[str, Any]] = field(default_factory=list)
     text: str = ""
     status: int = EXIT_PASS
+    skipped: list[str] = field(default_factory=list)
+    """Worlds this machine cannot run (e.g. more ranks than GPUs on nccl), each with its reason."""
 
     @property
     def passed(self) -> bool:
@@ -88,7 +91,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
-    at 0.5x and 2x the true norm. ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
+    at 0.5x and 2x the true norm. A world this machine cannot run (nccl with fewer GPUs than ranks)
+    is skipped with its reason (``report.skipped``), as the matrix does; none runnable is bad input.
+    ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
     ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards."""
     raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
@@ -101,9 +106,20 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
         raw["variant"] = variant
     spec = spec_from_mapping(raw, source="harness.check")
     backend = backend or default_backend()
-    plans = {world: plan_cases(spec, world, backend) for world in spec.worlds}  # every input error first
     report = CheckReport()
+    runnable = []
+    for world in spec.worlds:
+        reason = world_problem(world, backend)
+        if reason:
+            report.skipped.append(f"world {world} {backend}: {reason}")
+        else:
+            runnable.append(world)
+    if not runnable:
+        raise ClipcheckInputError("nothing to run" + "".join(f"; {line}" for line in report.skipped))
+    plans = {world: plan_cases(spec, world, backend) for world in runnable}  # every input error first
     out = io.StringIO()
+    for line in report.skipped:
+        print(f"skipped: {line}", file=out)
     for world, plan in plans.items():
         given = (pools or {}).get(world)
         pool = given or RankPool(world, backend=backend, timeout_s=timeout_s)

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import torch
 
+from .devices import world_problem
 from .errors import ClipcheckInputError
 from .execute import Executor
 from .matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
@@ -129,7 +129,7 @@ def run_main(argv: Sequence[str]) -> int:
     error = None
     plan = None
     try:
-        error = usage_problem(args, backend)
+        error = usage_problem(args, backend, world_size)
         if error is None and args.replay:
             from .replay import replay_on_pool, replay_plan
 
@@ -159,10 +159,13 @@ def run_main(argv: Sequence[str]) -> int:
     return execute(world, plan, args, backend, rank, world_size)
 
 
-def usage_problem(args: argparse.Namespace, backend: str) -> str | None:
-    """Bad input the parser cannot see, as one line; None when there is none."""
-    if backend == "nccl" and not torch.cuda.is_available():
-        return "--backend nccl needs CUDA, and none is available here"
+def usage_problem(args: argparse.Namespace, backend: str, world_size: int) -> str | None:
+    """Bad input the parser cannot see, as one line; None when there is none. A world this machine
+    cannot run (nccl without CUDA, fewer GPUs than ranks) is bad input here: a single run was asked
+    for exactly that world (the matrix and the plugin skip it instead)."""
+    problem = world_problem(world_size, backend)
+    if problem:
+        return problem
     if not args.timeout > 0:
         return "--timeout must be positive"
     if args.start_at < 0:

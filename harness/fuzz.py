@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from .checks import CaseResult
+from .devices import world_problem
 from .loading import LoadError
 from .pool import RankPool
 from .pooled import run_case_on_pool
@@ -31,6 +32,7 @@ from .replay import case_spec, replay_command
 from .strategies import DrawnCase, DrawnScenario, drawn_cases
 from .targets import resolve_target
 from .verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from .world import default_backend
 
 
 @dataclass
@@ -166,6 +168,9 @@ def main(argv: Sequence[str]) -> int:
             resolve_target(t, registered_targets())
         if not args.timeout > 0:
             raise LoadError("--timeout must be positive")
+        problem = world_problem(args.world, args.backend or default_backend())
+        if problem:  # the one world asked for cannot run here: bad input, before any process starts
+            raise LoadError(problem)
     except LoadError as exc:
         print(f"clipcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

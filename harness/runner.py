@@ -31,6 +31,7 @@ from .case import CaseSpec
 from .checks import CaseResult, evaluate, setup_failed_result, skipped_result
 from .clipmath import local_tensor
 from .case_context import CaseContext, attach
+from .devices import settle
 from .effects import (
     applied_coefficients,
     canonical_nans,
@@ -58,7 +59,9 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
     """Run a piece of the function under test (or its framework's setup) on this rank without
     letting a failure leave the rank out of step: an exception is caught and the rank abandons its
     groups at once, so peers blocked in a collective with it fail fast; a hang past the deadline is
-    posted as this rank's entry of the ``topic`` exchange, with its stack."""
+    posted as this rank's entry of the ``topic`` exchange, with its stack. GPU work queued by ``fn``
+    is settled inside the guard (``devices.settle``): on nccl it is where an error or a stuck kernel
+    of the target's shows up."""
     start = time.perf_counter()
 
     def on_hang(stack: str) -> None:
@@ -68,7 +71,9 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
 
     with watched(world.hang_deadline_s, on_hang):
         try:
-            return fn(), None, time.perf_counter() - start
+            value = fn()
+            settle(world.device)
+            return value, None, time.perf_counter() - start
         except Exception as exc:  # the code under test may raise anything
             world.abandon()
             return None, describe_exception(exc), time.perf_counter() - start

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .devices import nccl_error_environment
 from .layout import MeshSpec
 from .release import release_peers
 from .truth_cache import TruthCache
@@ -83,6 +84,7 @@ class DistWorld:
         self.backend = backend or default_backend()
         self.timeout_s = float(timeout_s)
         if self.backend == "nccl":
+            os.environ.update(nccl_error_environment(os.environ))  # errors raised where they happen
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
         else:

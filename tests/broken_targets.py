@@ -127,3 +127,14 @@ def new_group_on_rank1(model, *, max_norm, norm_type=2.0):
     if dist.get_rank() == 1:
         dist.new_group()
     return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def unwaited_collective_on_rank0(model, *, max_norm, norm_type=2.0):
+    """hang: rank 0 leaves an all-reduce in flight (async_op=True, never waited) that rank 1 never
+    joins. On nccl the call returns at once and the kernel waits forever on the GPU: the harness's
+    device settle inside the guard is where it must be caught (GPU only: tests/test_gpu.py)."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1, device=local_tensor(trainable_with_grads(model)[0][1].grad).device),
+                        async_op=True)
+    return total

@@ -28,7 +28,7 @@ def test_list_shows_scenarios_and_targets():
         (["--scenario", "dense_dp", "--ep-size", "2"], "2", "--ep-size does not apply to dense_dp"),
         (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
         (["--variant", "zzz"], "1", "matches no layout variant"),
-        (["--backend", "nccl"], "1", "--backend nccl needs CUDA"),
+        (["--backend", "nccl"], "1", "backend nccl needs CUDA"),
         (["--timeout", "0"], "1", "--timeout must be positive"),
         (["--json", "/nonexistent-dir/out.jsonl"], "1", "--json /nonexistent-dir/out.jsonl:"),
         (["--junit", "/proc/junit.xml"], "1", "--junit /proc/junit.xml:"),

@@ -67,3 +67,113 @@ def test_the_matrix_plans_worlds_beyond_the_gpus_as_skips(monkeypatch, tmp_path)
     launches, skipped = launch.plan_launches(args, tmp_path)
     assert [lc.tag for lc in launches] == ["world 1 nccl", "world 2 nccl"]
     assert skipped == ["world 4 nccl: world size 4 on nccl needs 4 GPUs (one per rank), 2 visible"]
+
+
+# -- the failure path on nccl (harness/devices.py's docstring): each decision, tested on CPU ----------
+
+def test_nccl_errors_are_made_synchronous_and_never_kill_the_process():
+    from harness.devices import NCCL_ERROR_SETTINGS, nccl_error_environment
+
+    assert NCCL_ERROR_SETTINGS == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert nccl_error_environment({}) == NCCL_ERROR_SETTINGS
+    # a user's own values are overridden: the judge's failure path depends on them
+    assert nccl_error_environment({"TORCH_NCCL_BLOCKING_WAIT": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}) == {
+        "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert nccl_error_environment(dict(NCCL_ERROR_SETTINGS)) == {}
+
+
+def test_an_nccl_world_sets_them_before_its_first_group(monkeypatch):
+    import os
+
+    from harness.world import DistWorld
+
+    for key in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MASTER_ADDR", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # torch's default: kill the process
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    world = DistWorld("nccl", start=False)  # no group yet: ProcessGroupNCCL reads them when created
+    assert world.device == torch.device("cuda", 0)
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT")
+    DistWorld("gloo", start=False)
+    assert "TORCH_NCCL_BLOCKING_WAIT" not in os.environ
+
+
+class _GuardWorld:
+    """What ``runner._guarded`` uses of a world, recording what it was told."""
+
+    def __init__(self, device):
+        self.device, self.hang_deadline_s = device, 0.5
+        self.hung, self.abandoned = [], 0
+
+    def post_hung(self, topic, payload):
+        self.hung.append(payload["error"])
+
+    def abandon(self):
+        self.abandoned += 1
+
+
+def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
+    import threading
+    import time
+
+    import harness.runner as runner
+
+    seen = []
+
+    def settle(device):
+        seen.append((device, any(t.name == "clipcheck-watchdog" for t in threading.enumerate())))
+        time.sleep(1.0)  # a kernel behind an unmatched collective: the watchdog reports it
+
+    monkeypatch.setattr(runner, "settle", settle)
+    world = _GuardWorld(torch.device("cuda", 1))
+    value, error, _ = runner._guarded(world, "status", lambda: 3.0)
+    assert seen == [(torch.device("cuda", 1), True)]  # after the target, while the watchdog runs
+    assert value == 3.0 and error is None
+    assert len(world.hung) == 1 and "in settle" in world.hung[0]  # the hang names where it is stuck
+
+
+def test_an_error_surfacing_at_settle_is_the_targets(monkeypatch):
+    import harness.runner as runner
+
+    def settle(device):
+        raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+    monkeypatch.setattr(runner, "settle", settle)
+    world = _GuardWorld(torch.device("cuda", 0))
+    value, error, _ = runner._guarded(world, "status", lambda: 3.0)
+    assert value is None and error.startswith("RuntimeError: NCCL error") and world.abandoned == 1
+
+
+def test_settle_is_a_no_op_on_cpu():
+    from harness.devices import settle
+
+    settle(torch.device("cpu"))  # would raise without CUDA if it touched torch.cuda
+
+
+def test_a_single_run_or_fuzz_of_a_world_beyond_the_gpus_is_one_line_before_any_process(monkeypatch, capsys):
+    import harness.devices as devices
+    from harness import fuzz
+
+    monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
+    assert fuzz.main(["--target", "reference", "--world", "4", "--backend", "nccl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "clipcheck: error: world size 4 on nccl needs 4 GPUs (one per rank), 2 visible"
+
+
+def test_check_skips_the_worlds_this_machine_cannot_run(monkeypatch):
+    import harness.api as api
+    from harness.errors import ClipcheckInputError
+
+    def short_of_gpus(world, backend):
+        return f"world size {world} on nccl needs {world} GPUs (one per rank), 1 visible" if world > 1 else None
+
+    monkeypatch.setattr(api, "world_problem", short_of_gpus)
+    report = api.check("reference", scenarios=["dense_dp"], worlds=[1, 4], dtypes=["fp32"], norm_types=["2"],
+                       clip_ratios=[2.0], backend="gloo")
+    assert report.skipped == ["world 4 gloo: world size 4 on nccl needs 4 GPUs (one per rank), 1 visible"]
+    assert report.passed and {c["world_size"] for c in report.cases} == {1}
+    assert report.describe().startswith("skipped: world 4 gloo:")
+    with pytest.raises(ClipcheckInputError, match="nothing to run; world 4 gloo: world size 4"):
+        api.check("reference", scenarios=["dense_dp"], worlds=[4], backend="gloo")
