@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import fuzz  # noqa: E402
-from harness.matrix import MatrixSpec  # noqa: E402
-from harness.plan import plan_cases  # noqa: E402
-from harness.pool import RankPool  # noqa: E402
-from harness.pooled import run_case_on_pool  # noqa: E402
+from harness.spec.matrix import MatrixSpec  # noqa: E402
+from harness.spec.plan import plan_cases  # noqa: E402
+from harness.run.pool import RankPool  # noqa: E402
+from harness.run.on_pool import run_case_on_pool  # noqa: E402
 
 
 def warm_cases_per_second(world: int, n_cases: int) -> tuple[float, int]:

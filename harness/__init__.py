@@ -11,18 +11,22 @@ Public API for users writing their own clip targets or scenarios:
 
 import warnings
 
+# ``harness.scenarios`` is the repository's top-level scenarios/ folder: in a checkout a finder maps it
+# (stdlib only, no torch), so ``import harness.scenarios.deepspeed`` works wherever harness does
+from harness.targets import builtin_scenarios as _scenarios_finder  # noqa: F401
+
 # torch warns on import when numpy is absent; nothing in clipcheck needs numpy, so it is not a dependency
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 # Exports are imported on first use (PEP 562), so importing ``harness.pytest_plugin`` (every pytest
 # start where clipcheck is installed) does not import torch.
 _EXPORTS = {
-    "CaseSpec": ".case", "Variant": ".case", "declared_from_layout": ".case",
-    "CaseContext": ".case_context", "context": ".case_context",
-    "Injection": ".injection",
-    "Layout": ".layout", "LayoutError": ".layout", "MeshSpec": ".layout", "ParamSpec": ".layout",
-    "Replicate": ".layout", "Shard": ".layout", "param": ".layout",
-    "Scenario": ".scenario", "ScenarioOptions": ".scenario",
+    "CaseSpec": ".spec.case", "Variant": ".spec.case", "declared_from_layout": ".spec.case",
+    "CaseContext": ".spec.context", "context": ".spec.context",
+    "Injection": ".spec.injection",
+    "Layout": ".spec.layout", "LayoutError": ".spec.layout", "MeshSpec": ".spec.layout", "ParamSpec": ".spec.layout",
+    "Replicate": ".spec.layout", "Shard": ".spec.layout", "param": ".spec.layout",
+    "Scenario": ".spec.scenario", "ScenarioOptions": ".spec.scenario",
     "check": ".api", "CheckReport": ".api",
 }
 

@@ -4,7 +4,7 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .cli import main
+from harness.commands.main import main
 
 
 @record

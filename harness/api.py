@@ -19,16 +19,16 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .devices import world_problem
-from .errors import ClipcheckInputError
-from .loading import load_object
-from .matrix import spec_from_mapping
-from .plan import Plan, plan_cases
-from .pool import RankPool
-from .pooled import run_case_on_pool
-from .report import Reporter
-from .verdicts import EXIT_PASS
-from .world import default_backend
+from harness.run.devices import world_problem
+from harness.errors import ClipcheckInputError
+from harness.targets.loading import load_object
+from harness.spec.matrix import spec_from_mapping
+from harness.spec.plan import Plan, plan_cases
+from harness.run.pool import RankPool
+from harness.run.on_pool import run_case_on_pool
+from harness.report.reporter import Reporter
+from harness.judge.verdicts import EXIT_PASS
+from harness.run.world import default_backend
 
 
 @dataclass

@@ -10,7 +10,7 @@ All accumulation is float64 so that the harness's own arithmetic never limits wh
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Callable, Iterable, cast
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,7 @@ def root(total: float, norm_type: float) -> float:
     return total ** (1.0 / norm_type) if total >= 0 or math.isnan(total) else math.nan
 
 
-def reduce_op(norm_type: float) -> dist.ReduceOp:
+def reduce_op(norm_type: float) -> dist.ReduceOp.RedOpType:
     """The collective that merges partial results for this norm."""
     return dist.ReduceOp.MAX if is_inf_norm(norm_type) else dist.ReduceOp.SUM
 
@@ -94,7 +94,7 @@ def weighted_partial(
     the local maximum: replicas do not change a maximum."""
     local = 0.0
     for name, p in params:
-        part = pow_sum(p.grad, norm_type)
+        part = pow_sum(cast(torch.Tensor, p.grad), norm_type)  # params with gradients, by contract
         if not is_inf_norm(norm_type):
             part /= replica_count(name, p)
         local = combine(local, part, norm_type)

@@ -8,13 +8,11 @@ A failure is shrunk to a minimal layout and printed with a one-line replay comma
 harness could not judge (a rank hung or died) ends the search at once, unshrunk: each such example
 costs a restart of the world, and the first one already names the rank and the cause.
 
-Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank hung or died.
+The command line is ``harness.commands.fuzz``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -22,17 +20,13 @@ from typing import Any, Callable, Sequence
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from .checks import CaseResult
-from .devices import world_problem
-from .loading import LoadError
-from .pool import RankPool
-from .pooled import run_case_on_pool
-from .registry import registered_targets
-from .replay import case_spec, replay_command
-from .strategies import DrawnCase, DrawnScenario, drawn_cases
-from .targets import resolve_target
-from .verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
-from .world import default_backend
+from harness.judge.checks import CaseResult
+from harness.run.pool import RankPool
+from harness.run.on_pool import run_case_on_pool
+from harness.targets.registry import registered_targets
+from harness.spec.blob import case_spec, replay_command
+from harness.strategies import DrawnCase, DrawnScenario, drawn_cases
+from harness.targets.target import resolve_target
 
 
 @dataclass
@@ -143,42 +137,3 @@ def describe(report: FuzzReport) -> list[str]:
         lines += [f"      signature: {s}" for s in r.signature]
     lines.append(f"  replay: {report.replay}")
     return lines
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clipcheck fuzz", allow_abbrev=False,
-                                description="Fuzz clip functions over layouts drawn by hypothesis, on a warm world.")
-    p.add_argument("--target", required=True, help="target name(s), comma separated, or module:function")
-    p.add_argument("--examples", type=int, default=100, help="examples per target (default 100)")
-    p.add_argument("--world", type=int, default=4, help="ranks in the warm world (default 4)")
-    p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
-    p.add_argument("--no-shrink", action="store_true", help="report the first failure as found")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may block (default 30)")
-    return p
-
-
-def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(argv)
-    targets = [t.strip() for t in args.target.split(",") if t.strip()]
-    try:
-        if args.examples < 1 or args.world < 1:
-            raise LoadError("--examples and --world must be positive")
-        for t in targets:
-            resolve_target(t, registered_targets())
-        if not args.timeout > 0:
-            raise LoadError("--timeout must be positive")
-        problem = world_problem(args.world, args.backend or default_backend())
-        if problem:  # the one world asked for cannot run here: bad input, before any process starts
-            raise LoadError(problem)
-    except LoadError as exc:
-        print(f"clipcheck: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    status = EXIT_PASS
-    with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
-        for t in targets:
-            report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
-            if not report.passed:
-                status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
-            print("\n".join(describe(report)), flush=True)
-    return status

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
-from .case_context import context
+from harness.clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
+from harness.spec.context import context
 
 
 def reference_partial(model: nn.Module, norm_type: float) -> tuple[list[tuple[str, nn.Parameter]], float]:

@@ -30,11 +30,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .case import DeclaredPlan, Variant
-from .injection import Injection
-from .layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param
-from .oracle import constructive_norm
-from .scenario import Scenario, ScenarioOptions
+from harness.spec.case import DeclaredPlan, Variant
+from harness.spec.injection import Injection
+from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param
+from harness.spec.constructive import constructive_norm
+from harness.spec.scenario import Scenario, ScenarioOptions
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
 NORM_TYPES = (2.0, 1.0, math.inf, 3.0)
@@ -129,7 +129,7 @@ def injections(draw: Any, layout: Layout, seed: int = 0) -> Injection:
         flat = draw(st.one_of(st.just(last), st.integers(0, last)))
         nonfinite.append((name, flat, draw(st.sampled_from(["nan", "nan", "inf", "-inf"]))))
     return Injection(seed=seed, dtype=draw(st.sampled_from(DTYPES)), zero=frozenset(zero),
-                     none_on=none_on, nonfinite=tuple(nonfinite))
+                     none_on=tuple(none_on.items()), nonfinite=tuple(nonfinite))
 
 
 @st.composite

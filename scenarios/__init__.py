@@ -1,12 +1,13 @@
-"""Built-in scenarios, one module each. ``SCENARIOS`` lists their classes in display order."""
+"""Built-in scenarios: one folder per real framework (its scenario, adapter and install recipe), and
+``dense_dp`` (torch alone). Each member has ``SCENARIO``, ``TARGETS`` and ``FRAMEWORK``; registering
+one is one entry in ``MEMBERS`` (display order)."""
 
-from .deepspeed_autoep import DeepSpeedAutoEP
-from .dense_dp import DenseDP
-from .fsdp2_meshes import FSDP2Meshes
-from .megatron_moe_tp import MegatronMoETP
-from .torchtitan_ep import TorchtitanEP
-from .xorl_ep_lora import XorlEPLoRA
+from . import deepspeed, dense_dp, fsdp2, megatron, torchtitan, xorl
 
-SCENARIOS = (XorlEPLoRA, DeepSpeedAutoEP, DenseDP, TorchtitanEP, MegatronMoETP, FSDP2Meshes)
+MEMBERS = (xorl, deepspeed, dense_dp, torchtitan, megatron, fsdp2)
 
-__all__ = ["SCENARIOS", "DeepSpeedAutoEP", "DenseDP", "FSDP2Meshes", "MegatronMoETP", "TorchtitanEP", "XorlEPLoRA"]
+SCENARIOS = tuple(member.SCENARIO for member in MEMBERS)
+ADAPTER_TARGETS = tuple(target for member in MEMBERS for target in member.TARGETS)
+FRAMEWORKS = tuple(member.FRAMEWORK for member in MEMBERS if member.FRAMEWORK is not None)
+
+__all__ = ["ADAPTER_TARGETS", "FRAMEWORKS", "MEMBERS", "SCENARIOS"]

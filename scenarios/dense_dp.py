@@ -18,10 +18,12 @@ no gradient at all and must still report the global norm (torch's ``if not grads
 
 from __future__ import annotations
 
-from harness.case import Variant, declared_from_layout
-from harness.injection import Injection
-from harness.layout import Layout, MeshSpec, Shard, param
-from harness.scenario import Scenario, ScenarioOptions
+from typing import Any, Sequence
+
+from harness.spec.case import Variant, declared_from_layout
+from harness.spec.injection import Injection
+from harness.spec.layout import Layout, MeshSpec, Shard, param
+from harness.spec.scenario import Scenario, ScenarioOptions
 
 LAYERS = 3
 
@@ -41,7 +43,7 @@ class DenseDP(Scenario):
         mesh = MeshSpec.of(dp=world_size)
         last_row = width * width - 2  # an element of the last rank's shard under Shard(0)
         fsdp = {"dp": Shard(0)}
-        layouts = [
+        layouts: list[tuple[str, dict[str, Any], bool, Sequence[tuple[str, int, str]], frozenset[int] | None]] = [
             ("replicated", {}, False, (), None),
             ("fsdp", fsdp, False, (), None),
             ("fsdp dtensor", fsdp, True, (), None),
@@ -62,10 +64,15 @@ class DenseDP(Scenario):
                 Variant(
                     label=f"dp={world_size} {label}",
                     layout=layout,
-                    injection=Injection(seed=options.seed, dtype=options.dtype, nonfinite=nonfinite),
+                    injection=Injection(seed=options.seed, dtype=options.dtype, nonfinite=tuple(nonfinite)),
                     declared=declared_from_layout(layout),
                     invariance_key=f"dense-{width}" if not nonfinite else None,
                     dtensor=dtensor,
                 )
             )
         return out
+
+
+SCENARIO = DenseDP
+TARGETS = ()  # torch's own clips are built-in targets
+FRAMEWORK = None

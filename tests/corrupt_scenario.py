@@ -4,7 +4,7 @@ constructive truth (from the generator), and the harness must call that a harnes
 the clip function."""
 
 from harness.clipmath import local_tensor
-import harness.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
+import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
 from harness.scenarios.dense_dp import DenseDP
 
 

@@ -28,8 +28,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import correct_targets  # noqa: E402
 
 from harness.fuzz import fuzz  # noqa: E402
-from harness.mutants import MUTANTS  # noqa: E402
-from harness.pool import RankPool  # noqa: E402
+from harness.targets.mutants import MUTANTS  # noqa: E402
+from harness.run.pool import RankPool  # noqa: E402
 
 CORRECT = ["reference"] + [
     f"tests/correct_targets.py:{name}" for name, fn in inspect.getmembers(correct_targets, inspect.isfunction)

@@ -4,8 +4,12 @@ be skips carrying the install hint, never failures."""
 
 import pytest
 
-from harness.compat import compat_rows, markdown
-from harness.frameworks import DEEPSPEED, MEGATRON, TORCHTITAN, XORL, Framework
+from harness.report.compat import compat_rows, markdown
+from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
+from harness.scenarios.megatron import FRAMEWORK as MEGATRON
+from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
+from harness.scenarios.xorl import FRAMEWORK as XORL
+from harness.targets.frameworks import Framework
 from harness_runs import run_harness
 
 pytestmark = pytest.mark.distributed

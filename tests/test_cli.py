@@ -5,7 +5,7 @@ without launching anything."""
 
 import pytest
 
-from harness.cli import main
+from harness.commands.main import main
 from harness_runs import run_cli
 
 

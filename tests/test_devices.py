@@ -4,8 +4,8 @@ import pytest
 
 import torch
 
-from harness.devices import accelerator_for, worker_visible_devices, world_skip_reason, xdist_worker
-from harness.world import process_group_backend
+from harness.run.devices import accelerator_for, worker_visible_devices, world_skip_reason, xdist_worker
+from harness.run.world import process_group_backend
 
 
 @pytest.mark.parametrize("world, backend, devices, reason", [
@@ -52,14 +52,14 @@ def test_adapters_allocate_on_the_worlds_device_not_wherever_cuda_exists():
 
 
 def test_megatrons_cuda_allocations_follow_the_world():
-    from harness.adapters.megatron import cuda_on_cpu
+    from harness.scenarios.megatron.adapter import cuda_on_cpu
 
     with cuda_on_cpu(torch.device("cpu")):
         assert torch.zeros(2, device="cuda").device.type == "cpu"
 
 
 def test_the_matrix_plans_worlds_beyond_the_gpus_as_skips(monkeypatch, tmp_path):
-    import harness.launch as launch
+    import harness.commands.matrix as launch
 
     monkeypatch.setattr(launch, "cuda_device_count", lambda: 2)
     args = launch.build_parser().parse_args(["--nproc-list", "1,2,4", "--backends", "nccl", "--scenario", "dense_dp",
@@ -69,10 +69,10 @@ def test_the_matrix_plans_worlds_beyond_the_gpus_as_skips(monkeypatch, tmp_path)
     assert skipped == ["world 4 nccl: world size 4 on nccl needs 4 GPUs (one per rank), 2 visible"]
 
 
-# -- the failure path on nccl (harness/devices.py's docstring): each decision, tested on CPU ----------
+# -- the failure path on nccl (harness/run/devices.py docstring): each decision, tested on CPU ----------
 
 def test_nccl_errors_are_made_synchronous_and_never_kill_the_process():
-    from harness.devices import NCCL_ERROR_SETTINGS, nccl_error_environment
+    from harness.run.devices import NCCL_ERROR_SETTINGS, nccl_error_environment
 
     assert NCCL_ERROR_SETTINGS == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     assert nccl_error_environment({}) == NCCL_ERROR_SETTINGS
@@ -85,7 +85,7 @@ def test_nccl_errors_are_made_synchronous_and_never_kill_the_process():
 def test_an_nccl_world_sets_them_before_its_first_group(monkeypatch):
     import os
 
-    from harness.world import DistWorld
+    from harness.run.world import DistWorld
 
     for key in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MASTER_ADDR", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -118,7 +118,7 @@ def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
     import threading
     import time
 
-    import harness.runner as runner
+    import harness.run.runner as runner
 
     seen = []
 
@@ -135,7 +135,7 @@ def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
 
 
 def test_an_error_surfacing_at_settle_is_the_targets(monkeypatch):
-    import harness.runner as runner
+    import harness.run.runner as runner
 
     def settle(device):
         raise RuntimeError("NCCL error: remote process exited or there was a network error")
@@ -147,14 +147,14 @@ def test_an_error_surfacing_at_settle_is_the_targets(monkeypatch):
 
 
 def test_settle_is_a_no_op_on_cpu():
-    from harness.devices import settle
+    from harness.run.devices import settle
 
     settle(torch.device("cpu"))  # would raise without CUDA if it touched torch.cuda
 
 
 def test_a_single_run_or_fuzz_of_a_world_beyond_the_gpus_is_one_line_before_any_process(monkeypatch, capsys):
-    import harness.devices as devices
-    from harness import fuzz
+    import harness.run.devices as devices
+    from harness.commands import fuzz
 
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)
     assert fuzz.main(["--target", "reference", "--world", "4", "--backend", "nccl"]) == 2

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 
 from harness.fuzz import describe, fuzz
-from harness.injection import local_grad
-from harness.mutants import MUTANTS
-from harness.replay import decode, encode
+from harness.spec.injection import local_grad
+from harness.targets.mutants import MUTANTS
+from harness.spec.blob import decode, encode
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 
@@ -44,7 +44,7 @@ def test_drawn_cases_are_valid_and_round_trip_through_a_blob(drawn):
 
 @pytest.fixture(scope="module")
 def world(request):
-    from harness.pool import RankPool
+    from harness.run.pool import RankPool
 
     pool = RankPool(WORLD, timeout_s=20)
     request.addfinalizer(pool.close)

@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from harness.injection import Injection, local_grad, logical_grad
-from harness.layout import Layout, LayoutError, MeshSpec, Shard, param
-from harness.oracle import bit_words, constructive_norm
-from harness.values import box_values, full_box, logical_values, magnitude
-import harness.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
-from harness.scenarios.deepspeed_autoep import autoep_layout
-from harness.scenarios.xorl_ep_lora import adapter_layout
+from harness.spec.injection import Injection, local_grad, logical_grad
+from harness.spec.layout import Layout, LayoutError, MeshSpec, Shard, param
+from harness.run.measure import bit_words
+from harness.spec.constructive import constructive_norm
+from harness.spec.values import box_values, full_box, logical_values, magnitude
+import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
+from harness.scenarios.deepspeed.scenario import autoep_layout
+from harness.scenarios.xorl.scenario import adapter_layout
 
 
 def _by_box(layout, injection, spec):

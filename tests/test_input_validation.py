@@ -12,10 +12,10 @@ import pytest
 from hypothesis.errors import NonInteractiveExampleWarning
 
 from harness.errors import ClipcheckError, ClipcheckInputError
-from harness.layout import LayoutError
-from harness.matrix import MatrixSpec, spec_from_mapping
-from harness.plan import plan_cases
-from harness.replay import MAX_WORLD, UsageError, decode, decode_trusted, encode
+from harness.spec.layout import LayoutError
+from harness.spec.matrix import MatrixSpec, spec_from_mapping
+from harness.spec.plan import plan_cases
+from harness.spec.blob import MAX_WORLD, UsageError, decode, decode_trusted, encode
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 
@@ -124,7 +124,7 @@ def _listening_addresses(port: int) -> list[str]:
 
 
 def test_the_warm_world_store_listens_on_loopback_only():
-    from harness.pool import RankPool
+    from harness.run.pool import RankPool
 
     with RankPool(2, timeout_s=20) as pool:
         pool.start()

@@ -7,14 +7,16 @@ import math
 import pytest
 import torch
 
-from harness.case import CaseSpec, Variant, declared_from_layout
-from harness.checks import evaluate
-from harness.effects import applied_coefficients, consistent_policies, sanitize
+from harness.spec.case import CaseSpec, Variant, declared_from_layout
+from harness.judge.checks import evaluate
+from harness.run.effects import applied_coefficients, consistent_policies, sanitize
 from harness.clipmath import clip_coefficient, pow_sum
-from harness.injection import Injection, local_grad
-from harness.layout import Layout, MeshSpec, Replicate, Shard, param
-from harness.oracle import Replication, StatsTable, constructive_norm, declared_norm, measured_norm
-from harness.signatures import Evidence, explain, replica_factor
+from harness.spec.injection import Injection, local_grad
+from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
+from harness.run.measure import Replication, StatsTable
+from harness.judge.truth import declared_norm, measured_norm
+from harness.spec.constructive import constructive_norm
+from harness.judge.signatures import Evidence, explain, replica_factor
 
 
 def simulated_stats(layout, injection, norm_type):

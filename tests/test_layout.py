@@ -2,11 +2,11 @@
 
 import pytest
 
-from harness.layout import Layout, LayoutError, MeshSpec, Replicate, Shard, param
-from harness.scenario import ep_sizes_for
-import harness.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
-from harness.scenarios.deepspeed_autoep import autoep_layout
-from harness.scenarios.xorl_ep_lora import adapter_layout, apply_ep_plan, EP_PLANS, PREFIX
+from harness.spec.layout import Layout, LayoutError, MeshSpec, Replicate, Shard, param
+from harness.spec.scenario import ep_sizes_for
+import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
+from harness.scenarios.deepspeed.scenario import autoep_layout
+from harness.scenarios.xorl.scenario import adapter_layout, apply_ep_plan, EP_PLANS, PREFIX
 
 
 def test_mesh_coordinates_are_row_major_like_device_mesh():

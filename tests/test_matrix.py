@@ -6,10 +6,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness.junit import junit_xml
-from harness.layout import LayoutError
-from harness.matrix import MatrixSpec, load_matrix, spec_from_mapping
-from harness.plan import UsageError, plan_cases
+from harness.report.junit import junit_xml
+from harness.spec.layout import LayoutError
+from harness.spec.matrix import MatrixSpec, load_matrix, spec_from_mapping
+from harness.spec.plan import UsageError, plan_cases
 from harness_runs import run_cli
 
 

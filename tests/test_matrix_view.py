@@ -1,4 +1,4 @@
-"""The matrix views: the compact text summary and the static HTML page (harness/matrix_view.py).
+"""The matrix views: the compact text summary and the static HTML page (harness/report/html.py).
 
 Unit tests on fabricated records shaped like report.case_json / metamorphic_json, then a real
 headless Chromium (Debian's package; .ci/install-browser installs it) that loads the page, runs its
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix_view import compact_summary, render_html, write_html
+from harness.report.html import compact_summary, render_html, write_html
 
 SIG_ROOT = "equals the mean of the rank-local norms: a root taken before the cross-rank average"
 SIG_LOCAL = "each rank reports its rank-local norm: no cross-rank reduction"

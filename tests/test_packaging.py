@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.registry import builtin_scenarios
+from harness.targets.registry import builtin_scenarios
 from harness_runs import ROOT
 
-SOURCES = ("pyproject.toml", "README.md", "harness", "scenarios")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "harness", "scenarios")
 DECOY = 'raise ImportError("decoy: the scenarios/ folder of the working directory was imported")\n'
 
 
@@ -55,9 +55,10 @@ def test_wheel_carries_every_module_the_scenarios_and_the_package_data(wheel):
     names = set(wheel.namelist())
     expected = {p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")
                 if "__pycache__" not in p.parts}
-    expected |= {f"harness/scenarios/{p.name}" for p in (ROOT / "scenarios").glob("*.py")}
-    expected |= {"harness/default_matrix.toml", "harness/adapters/__init__.py", "harness/mutants/__init__.py",
-                 "harness/scenarios/__init__.py"}
+    expected |= {f"harness/scenarios/{p.relative_to(ROOT / 'scenarios').as_posix()}"
+                 for p in (ROOT / "scenarios").rglob("*.py") if "__pycache__" not in p.parts}
+    expected |= {"harness/default_matrix.toml", "harness/scenarios/__init__.py",
+                 "harness/scenarios/deepspeed/adapter.py"}
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
     assert not [n for n in names if n.startswith("scenarios/")], "a top-level scenarios package would shadow"
 
@@ -74,7 +75,7 @@ def test_wheel_declares_what_the_runtime_imports(wheel):
 
 def test_wheel_has_the_console_script_and_the_pytest_plugin(wheel):
     entry_points = _metadata(wheel, "entry_points.txt")
-    assert "clipcheck = harness.cli:main_entry" in entry_points
+    assert "clipcheck = harness.commands.main:main_entry" in entry_points
     assert "[pytest11]" in entry_points and "harness.pytest_plugin" in entry_points
 
 
@@ -89,3 +90,24 @@ def test_a_scenarios_folder_in_the_working_directory_does_not_shadow_the_builtin
     listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()}
     assert set(builtin_scenarios()) <= listed, proc.stdout
     assert "decoy" not in proc.stdout + proc.stderr
+
+
+def test_a_frameworks_pin_lives_in_its_folder_and_the_extras_repeat_it_exactly():
+    """scenarios/<framework>/framework.py holds the recipe CI installs; an extra in pyproject.toml
+    naming the same distribution must pin the same version (pyproject cannot import it)."""
+    import tomllib
+
+    from harness.targets.builtin_scenarios import scenarios_package
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    requirements = [r for reqs in extras.values() for r in reqs]
+    frameworks = scenarios_package().FRAMEWORKS
+    assert {f.name for f in frameworks} >= {"deepspeed", "torchtitan", "megatron-core", "xorl"}
+    for framework in frameworks:
+        pins = [w for line in framework.recipe for w in line.split() if w.startswith(f"{framework.distribution}==")]
+        if framework.distribution is None:
+            assert not framework.recipe  # not on the package index: nothing CI could install
+            continue
+        assert len(pins) == 1, (framework.name, framework.recipe)
+        named = [r for r in requirements if r.split("==")[0] == framework.distribution]
+        assert named and all(r == pins[0] for r in named), (framework.name, pins, named)

@@ -4,9 +4,9 @@ import math
 
 import torch
 
-from harness.matrix import MatrixSpec
-from harness.plan import plan_cases
-from harness.truth_cache import TruthCache, same_bits
+from harness.spec.matrix import MatrixSpec
+from harness.spec.plan import plan_cases
+from harness.run.truth_cache import TruthCache, same_bits
 
 
 def _cases():

@@ -1,0 +1,60 @@
+"""``clipcheck fuzz``: hypothesis over drawn layouts against one or more targets, on one warm world.
+
+    clipcheck fuzz --target mutant-local-root-mean --examples 200 --world 4
+
+Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank hung or died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from harness.fuzz import describe, fuzz
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from harness.run.devices import world_problem
+from harness.run.pool import RankPool
+from harness.run.world import default_backend
+from harness.targets.loading import LoadError
+from harness.targets.registry import registered_targets
+from harness.targets.target import resolve_target
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clipcheck fuzz", allow_abbrev=False,
+                                description="Fuzz clip functions over layouts drawn by hypothesis, on a warm world.")
+    p.add_argument("--target", required=True, help="target name(s), comma separated, or module:function")
+    p.add_argument("--examples", type=int, default=100, help="examples per target (default 100)")
+    p.add_argument("--world", type=int, default=4, help="ranks in the warm world (default 4)")
+    p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
+    p.add_argument("--no-shrink", action="store_true", help="report the first failure as found")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may block (default 30)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    try:
+        if args.examples < 1 or args.world < 1:
+            raise LoadError("--examples and --world must be positive")
+        for t in targets:
+            resolve_target(t, registered_targets())
+        if not args.timeout > 0:
+            raise LoadError("--timeout must be positive")
+        problem = world_problem(args.world, args.backend or default_backend())
+        if problem:  # the one world asked for cannot run here: bad input, before any process starts
+            raise LoadError(problem)
+    except LoadError as exc:
+        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    status = EXIT_PASS
+    with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
+        for t in targets:
+            report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
+            if not report.passed:
+                status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
+            print("\n".join(describe(report)), flush=True)
+    return status

@@ -1,0 +1,267 @@
+"""``clipcheck matrix`` (= ``python -m harness matrix``, ``run_matrix.sh``): the matrix over several
+world sizes and backends, one ``clipcheck run`` launch per (world size, backend), merged into one
+summary, one JSON Lines file, one JUnit file and one HTML page.
+
+    clipcheck matrix --nproc-list 1,2,4,8 --backends gloo --out results
+    NPROC_LIST="2 4" ./run_matrix.sh --targets reference
+
+Every launch is planned here first, so bad input and impossible combinations are reported before any
+process starts. Each launch gets the serialized spec (``matrix.json`` in the output folder), never a
+copy of this command's argv. A launch that does not judge every planned case is a crash: each
+missing case becomes an ERROR record with the cause, it is counted and shown, and the exit status is
+3. SIGINT or SIGTERM stops the launch in flight (the signal goes to its whole process group), waits
+for it, and still merges what finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+from harness.judge.checks import unjudged_result
+from harness.commands.options import add_selection_options, spec_from_args
+from harness.run.devices import cuda_device_count, world_skip_reason
+from harness.errors import ClipcheckInputError
+from harness.report.junit import write_junit
+from harness.report.html import compact_summary, write_html
+from harness.judge.metamorphic import metamorphic_groups
+from harness.spec.plan import Plan, UsageError, plan_cases
+from harness.report.reporter import case_json, metamorphic_json, read_records
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
+from harness.run.world import default_backend
+
+DEFAULT_MATRIX = "default_matrix.toml"
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class Launch:
+    world_size: int
+    backend: str
+    plan: Plan
+    jsonl: Path
+    log: Path
+    returncode: int | None = None
+    seconds: float = 0.0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tag(self) -> str:
+        return f"world {self.world_size} {self.backend}"
+
+
+def default_matrix_path() -> str:
+    return str(resources.files("harness").joinpath(DEFAULT_MATRIX))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clipcheck matrix", allow_abbrev=False,
+                                description="Run the matrix at every world size (one launch each) and merge.")
+    p.add_argument("--nproc-list", default=os.environ.get("NPROC_LIST", "1,2,4,8"),
+                   help="world sizes, comma or space separated (env NPROC_LIST; default 1,2,4,8)")
+    p.add_argument("--backends", default=os.environ.get("BACKENDS", ""),
+                   help="backends (env BACKENDS; default nccl with CUDA, else gloo)")
+    p.add_argument("--out", default="results", help="folder for per-launch logs and merged results")
+    p.add_argument("--verbose", action="store_true", help="print every case, not only the summary and failures")
+    add_selection_options(p)
+    return p
+
+
+def _split(text: str) -> list[str]:
+    return [x for x in text.replace(",", " ").split() if x]
+
+
+def plan_launches(args: argparse.Namespace, out: Path) -> tuple[list[Launch], list[str]]:
+    """Every (backend, world) launch, planned; what cannot run here is listed, not launched."""
+    try:
+        worlds = [int(w) for w in _split(args.nproc_list)]
+    except ValueError:
+        raise ClipcheckInputError(f"--nproc-list needs whole numbers, got {args.nproc_list!r}") from None
+    if not worlds or min(worlds) < 1:
+        raise ClipcheckInputError("--nproc-list needs positive world sizes")
+    spec = spec_from_args(args)
+    backends = _split(args.backends) or list(spec.backends) or [default_backend()]
+    for backend in backends:
+        if backend not in ("gloo", "nccl"):
+            raise ClipcheckInputError(f"unknown backend {backend!r} (known: gloo, nccl)")
+    launches, skipped = [], []
+    devices = cuda_device_count()
+    for backend in backends:
+        if backend == "nccl" and devices == 0:
+            skipped.append(f"backend nccl: {world_skip_reason(1, backend, devices)}")
+            continue
+        for world in worlds:
+            reason = world_skip_reason(world, backend, devices)
+            if reason:
+                skipped.append(f"world {world} {backend}: {reason}")
+                continue
+            try:
+                plan = plan_cases(spec, world, backend)
+            except UsageError as exc:
+                skipped.append(f"world {world} {backend}: {exc}")
+                continue
+            tag = f"world{world}-{backend}"
+            launches.append(Launch(world, backend, plan, out / f"{tag}.jsonl", out / f"{tag}.log"))
+    return launches, skipped
+
+
+class _Interrupt:
+    """SIGINT/SIGTERM while a launch runs: forward to its process group, remember, finish merging."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _run(launch: Launch, spec_path: Path, timeout: float, interrupt: _Interrupt) -> None:
+    cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(launch.world_size), "--backend", launch.backend,
+           "--matrix", str(spec_path), "--timeout", str(timeout), "--json", str(launch.jsonl), "--no-progress"]
+    print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    start = time.perf_counter()
+    with open(launch.log, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        interrupt.proc = proc
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=STOP_GRACE_S if interrupt.signum else None)
+                    break
+                except subprocess.TimeoutExpired:  # stopped, and still not gone: end it
+                    os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            interrupt.proc = None
+    launch.returncode, launch.seconds = proc.returncode, time.perf_counter() - start
+    launch.records = _launch_records(launch)
+    judged = sum(1 for r in launch.records if r["type"] == "case" and not is_unjudged(r))
+    c = count(launch.records)
+    state = "interrupted" if interrupt.signum else c.word if launch.returncode in (0, 1, 3) else \
+        f"CRASHED (exit {launch.returncode})"
+    print(f" {judged}/{len(launch.plan.cases)} judged, {state} in {launch.seconds:.1f} s (log {launch.log})",
+          flush=True)
+
+
+def _launch_records(launch: Launch) -> list[dict[str, Any]]:
+    """The launch's case records, and an ERROR for every planned case it has no record of."""
+    found = {}
+    if launch.jsonl.exists():
+        found = {r["index"]: r for r in read_records(str(launch.jsonl)) if r.get("type") == "case"}
+    cause = (f"the launch of {launch.tag} ended (exit status {launch.returncode}) before judging this case; "
+             f"see {launch.log}")
+    out = []
+    for case in launch.plan.cases:
+        rec = found.get(case.index)
+        if rec is None:
+            rec = case_json(unjudged_result(case, "not_run", cause, launch.world_size), launch.world_size,
+                            launch.backend)
+        out.append(rec)
+    return out
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.matrix is None:
+        args.matrix = default_matrix_path()
+    out = Path(args.out)
+    try:
+        if out.exists() and not out.is_dir():
+            raise ClipcheckInputError(f"--out {args.out}: not a directory")
+        launches, skipped = plan_launches(args, out)
+        if not launches:
+            raise ClipcheckInputError("nothing to launch" + "".join(f"; {line}" for line in skipped))
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise ClipcheckInputError(f"--out {args.out}: not writable")
+    except (ClipcheckInputError, OSError) as exc:
+        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in skipped:
+        print(f"skipped: {line}", flush=True)
+    spec_path = out / "matrix.json"
+    spec_path.write_text(json.dumps(spec_from_args(args).to_mapping(), indent=1))
+
+    interrupt = _Interrupt()
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for launch in launches:
+            if interrupt.signum:
+                break
+            _run(launch, spec_path, args.timeout, interrupt)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    status = merge(launches, out, args.verbose)
+    if interrupt.signum:
+        print(f"matrix: interrupted by {signal.Signals(interrupt.signum).name}; merged what finished", flush=True)
+        return 128 + interrupt.signum
+    return status
+
+
+def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
+    """One results.jsonl, junit.xml and report.html over every launch that ran; the exit status."""
+    ran = [launch for launch in launches if launch.returncode is not None]
+    cases = [r for launch in ran for r in launch.records]
+    groups = [metamorphic_json(g, launch.backend) for launch in ran for g in metamorphic_groups(launch.records)]
+    counts = count(cases + groups)
+    everything = cases + groups + [counts.as_record()]
+    with open(out / "results.jsonl", "w", encoding="utf-8") as f:
+        for r in everything:
+            f.write(json.dumps(r) + "\n")
+    write_junit(str(out / "junit.xml"), everything)
+    report = write_html(everything, out / "report.html")
+    print("\n" + "\n".join(compact_summary(everything)))
+    print_merged(cases, groups, ran, verbose)
+    crashed = [launch for launch in ran if launch.returncode not in (0, 1)]
+    print(f"\nmatrix: {len(ran)} launches, {counts.line()}; {len(crashed)} launches crashed")
+    print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
+    print(f"report: {report}")
+    return EXIT_BROKEN if crashed else counts.status
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    return "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
+
+
+def print_merged(cases: list[dict[str, Any]], groups: list[dict[str, Any]], ran: list[Launch],
+                 verbose: bool) -> None:
+    if verbose:
+        print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
+              f"{'ratio':<10}verdict")
+        for r in cases:
+            print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
+                  f"{r['norm']:<6}{r['dtype']:<6}{_ratio(r):<10}{r['verdict']}")
+    # every failure with --verbose; without it only what was not judged (the summary counts the rest)
+    failed = [r for r in cases if r["verdict"] == "ERROR" or (verbose and r["verdict"] == "FAIL")]
+    if failed:
+        print("\nfailures:" if verbose else "\nnot judged (errors):")
+        for r in failed:
+            checks = ", ".join(n for n, c in r["checks"].items() if not c["passed"])
+            sig = f"  [{r['signature'][0]}]" if r["signature"] else ""
+            print(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {r['norm']} "
+                  f"{r['dtype']}: {checks}{sig}")
+    for m in groups if verbose else ():
+        if not m["passed"]:
+            print(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} {m['dtype']}: "
+                  f"coefficient gap {m['gap']:.7f}")
+    for launch in ran:
+        if launch.returncode not in (0, 1):
+            print(f"  launch {launch.tag} crashed (exit {launch.returncode}); see {launch.log}")
+    for reason in sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"}):
+        print(f"  skipped: {reason}")

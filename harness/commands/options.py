@@ -1,0 +1,48 @@
+"""Options and checks shared by every command that plans cases (run, matrix, the launcher)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from harness.spec.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
+
+
+def add_selection_options(p: argparse.ArgumentParser) -> None:
+    """What to run: the matrix axes (``matrix.AXES``). Shared by every command that plans cases."""
+    p.add_argument("--matrix", metavar="PATH", default=None, help="matrix file (TOML or JSON); flags override it")
+    add_axis_flags(p)
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a collective may block before the case fails (default 60)")
+
+
+def spec_from_args(args: argparse.Namespace) -> MatrixSpec:
+    base = load_matrix(args.matrix) if args.matrix else MatrixSpec()
+    return base.merged(flag_overrides(args))
+
+
+def unwritable(path: str | None) -> str | None:
+    """Why a results file cannot be written there (checked before any process starts), or None."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return "is a directory"
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        return f"no such directory {str(folder)!r}"
+    existed = target.exists()
+    try:  # the only honest test of writability (root passes os.access on /proc, say)
+        with open(target, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return f"not writable ({exc.strerror or exc})"
+    if not existed:
+        target.unlink()
+    return None
+
+
+def quiet_torch_warnings() -> None:
+    # DTensor warns on every multi-dim norm reduction; it is noise for this tool
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)

@@ -1,0 +1,418 @@
+"""The per-case checks, judged on rank 0 from every rank's record.
+
+Each check answers one question a user would ask of a clip function:
+
+* ``truth``        harness self-check: measured (MAX-MIN) truth == constructive (float64) truth.
+* ``raised``       did the function finish on every rank?
+* ``norm``         is the reported norm the true global norm (tolerance by dtype)?
+* ``agree``        does every rank report the same norm?
+* ``coefficient``  was every gradient scaled by min(1, max_norm / (true + eps)), uniformly?
+* ``replicas``     are true replicas still bit-identical after clipping?
+* ``contract``     no harness-detected fault: the return value is a number or a tensor, the default
+                   process group survived, no gradient was deleted or replaced by another shape/dtype.
+* ``params``       are the parameters themselves untouched?
+* ``nonfinite``    with a non-finite gradient, did every rank take the same deliberate action?
+
+Each check is a small function of a ``Judgement`` (the case and every rank's record) listed in
+``CHECKS``; ``evaluate`` runs them in order. The rank-local measurements they read come from
+``effects``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence, cast
+
+from harness.spec.case import CaseSpec
+from harness.clipmath import clip_coefficient
+from harness.spec.layout import MeshSpec, Replicate, Shard
+from harness.run.measure import Replication, StatsTable
+from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree
+from harness.judge.signatures import Evidence, explain
+
+NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
+"""Relative tolerance on a reported norm: what a correct implementation computing in that dtype
+can be off by (bf16/fp16 targets often accumulate per-tensor norms in the low-precision type)."""
+
+UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+
+_COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
+
+
+def tolerance(dtype: str) -> float:
+    return NORM_RTOL[dtype]
+
+
+def coefficient_tolerance(dtype: str) -> float:
+    return NORM_RTOL[dtype] + 8 * UNIT_ROUNDOFF[dtype]
+
+
+# -- on rank 0 -----------------------------------------------------------------------------------------
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class CaseResult:
+    case: CaseSpec
+    verdict: str  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
+    truth: float
+    measured_truth: float
+    reported: list[float | None]
+    checks: list[Check]
+    signature: list[str]
+    placements: dict[str, str]
+    mismatches: list[str]
+    coefficient: float | None
+    seconds: float
+    errors: list[str | None] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        r = self.reported[0] if self.reported else None
+        if r is None or not math.isfinite(self.truth) or self.truth == 0:
+            return None
+        return r / self.truth
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+
+def declared_mismatches(
+    declared: Mapping[str, Mapping[str, object]],
+    replication: Replication,
+    stats: StatsTable,
+    mesh: MeshSpec,
+) -> list[str]:
+    """Parameters whose declared placement contradicts the measured one, grouped for reading."""
+    groups: dict[str, list[str]] = {}
+    for j, name in enumerate(stats.names):
+        all_zero = all(stats.pow_sum[r][j] == 0 for r in range(stats.world_size) if stats.present(r, j))
+        for dim in mesh.names:
+            if mesh.size(dim) == 1:
+                continue
+            placement = declared.get(name, {}).get(dim, Replicate())
+            distinct = replication.distinct[dim][name]
+            if isinstance(placement, Replicate) and distinct:
+                key = f"declared Replicate on {dim}, measured distinct"
+            elif isinstance(placement, Shard) and not distinct and not all_zero:
+                key = f"declared {placement} on {dim}, measured replicated"
+            else:
+                continue
+            groups.setdefault(key, []).append(name)
+    return [f"{key}: {_names(names)}" for key, names in groups.items()]
+
+
+def _names(names: Sequence[str], limit: int = 6) -> str:
+    short = [n.rsplit(".", 2)[-1] if n.count(".") else n for n in names]
+    text = ", ".join(short[:limit])
+    if len(short) > limit:
+        text += f", ... ({len(short)} params)"
+    elif len(short) > 1:
+        text += f" ({len(short)} params)"
+    return text
+
+
+def _collateral(error: str) -> bool:
+    return any(marker in error for marker in _COLLATERAL)
+
+
+def describe_errors(errors: Sequence[str | None]) -> str:
+    """The root causes first (ranks with the same message together), then who failed in consequence
+    (a peer's connection closing under it, or a timeout waiting for one)."""
+    raised = [r for r, e in enumerate(errors) if e is not None]
+    primary = [r for r in raised if not _collateral(cast(str, errors[r]))] or raised
+    by_message: dict[str, list[int]] = {}
+    for r in primary:
+        by_message.setdefault(cast(str, errors[r]), []).append(r)
+    shown = list(by_message.items())[:2]
+    text = "; ".join(f"rank {ranks[0]}: {msg}" if len(ranks) == 1 else f"ranks {ranks}: {msg}" for msg, ranks in shown)
+    others = sorted(set(raised) - {r for _, ranks in shown for r in ranks})
+    if others:
+        text += f" (ranks {others} failed in consequence)"
+    return text
+
+
+
+NONFINITE_ERROR = re.compile(r"non-?finite|\bnan\b|\binf(inite|inity)?\b|overflow", re.IGNORECASE)
+"""What makes an exception a *deliberate* answer to a non-finite gradient: its message says so, as
+torch's ``clip_grad_norm_(error_if_nonfinite=True)`` ("... is non-finite, so it cannot be clipped")
+and DeepSpeed's overflow checks do. Raising on every rank with such a message passes a non-finite
+case; any other exception, or a harness-detected fault, never does."""
+
+
+def _message(error: str) -> str:
+    """The exception's own text, without the ``(at file:line)`` suffix (paths may say 'inf')."""
+    return error.rsplit(" (at ", 1)[0]
+
+
+def _fmt(x: float | None) -> str:
+    return "none" if x is None else f"{x:.6g}"
+
+
+@dataclass
+class Judgement:
+    """Everything rank 0 knows about one case once every rank has reported: the inputs of each check."""
+
+    case: CaseSpec
+    truth: float
+    measured: float
+    stats: StatsTable
+    pre: Replication
+    post: Replication
+    records: Sequence[Mapping[str, Any]]
+
+    @property
+    def mesh(self) -> MeshSpec:
+        """The mesh the case ran on: the replication checks walk its axes."""
+        return self.case.layout.mesh
+
+    @property
+    def dtype(self) -> str:
+        return self.case.injection.dtype
+
+    @property
+    def finite_truth(self) -> bool:
+        return math.isfinite(self.truth)
+
+    @property
+    def reported(self) -> list[float | None]:
+        return [r["reported"] for r in self.records]
+
+    @property
+    def errors(self) -> list[str | None]:
+        return [r["error"] for r in self.records]
+
+    @property
+    def raised(self) -> list[int]:
+        return [r for r, e in enumerate(self.errors) if e is not None]
+
+    @property
+    def collateral(self) -> set[int]:
+        return {r for r in self.raised if _collateral(cast(str, self.errors[r]))}
+
+    def documented_nonfinite_raise(self) -> bool:
+        """Every rank raised, each with a message that names the non-finite gradient."""
+        errors = self.errors
+        return (not self.finite_truth and len(self.raised) == len(self.records) and not self.collateral
+                and all(NONFINITE_ERROR.search(_message(e or "")) for e in errors))
+
+
+CheckFn = Callable[[Judgement], "Check | None"]
+
+
+def check_truth(j: Judgement) -> Check:
+    stale = [r for r, rec in enumerate(j.records) if rec["local"].get("stale_truth")]
+    if stale:
+        return Check("truth", False, f"HARNESS ERROR: ranks {stale}: the injected gradients differ from the ones "
+                     "measured for this layout variant (the injection is not deterministic)")
+    ok = norms_agree(j.measured, j.truth, CROSS_CHECK_RTOL)
+    return Check("truth", ok, "" if ok else
+                 f"HARNESS ERROR: measured truth {j.measured!r} != constructive truth {j.truth!r}; the injected "
+                 "gradients do not have the replication structure the layout describes")
+
+
+def check_raised(j: Judgement) -> Check | None:
+    """Did the function finish on every rank? (Raising everywhere is a legitimate, documented answer
+    to a non-finite gradient, nothing else.)"""
+    if not j.raised:
+        return None
+    return Check("raised", j.documented_nonfinite_raise(), describe_errors(j.errors))
+
+
+def check_contract(j: Judgement) -> Check | None:
+    """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
+    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype."""
+    problems = []
+    for r, rec in enumerate(j.records):
+        if rec["error"] is not None:
+            continue
+        if rec.get("fault"):
+            problems.append(f"rank {r}: {rec['fault']}")
+        local = rec["local"]
+        for name, why in local.get("mangled", {}).items():
+            problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
+        for name in local["vanished"]:
+            problems.append(f"rank {r}: {name} lost its gradient (set to None)")
+    return Check("contract", not problems, "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)"
+                                                                      if len(problems) > 4 else ""))
+
+
+def check_params(j: Judgement) -> Check:
+    """A clip function must leave the parameters themselves untouched."""
+    changed = [f"rank {r}: {', '.join(rec['local'].get('params_changed', [])[:3])}"
+               for r, rec in enumerate(j.records) if rec["local"].get("params_changed")]
+    return Check("params", not changed, "" if not changed else "parameters changed: " + "; ".join(changed[:4]))
+
+
+def check_norm(j: Judgement) -> Check | None:
+    if not j.finite_truth or j.raised:
+        return None
+    reported, truth = j.reported, j.truth
+    rtol = tolerance(j.dtype)
+    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
+    if not bad:
+        return Check("norm", True)
+    ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
+    return Check("norm", False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]))
+
+
+def check_agree(j: Judgement) -> Check | None:
+    if j.raised:
+        return None
+    values = {repr(v) for v in j.reported}
+    return Check("agree", len(values) == 1, "" if len(values) == 1 else "ranks report " + ", ".join(
+        f"{r}: {_fmt(v)}" for r, v in enumerate(j.reported)))
+
+
+def expected_coefficient(j: Judgement) -> float:
+    return clip_coefficient(j.case.max_norm, j.truth)
+
+
+def check_coefficient(j: Judgement) -> Check | None:
+    """Every gradient scaled by min(1, max_norm / (true + eps)), uniformly."""
+    if not j.finite_truth or j.raised:
+        return None
+    expected = expected_coefficient(j)
+    ctol = coefficient_tolerance(j.dtype)
+    worst: tuple[float, str] | None = None
+    for r, rec in enumerate(j.records):
+        for name, (c, residual) in rec["local"]["scale"].items():
+            off = abs(c - expected) / expected
+            uniform = residual <= 8 * UNIT_ROUNDOFF[j.dtype]
+            if (off > ctol or not uniform) and (worst is None or off > worst[0]):
+                how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
+                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
+    return Check("coefficient", worst is None, "" if worst is None else worst[1])
+
+
+def check_replicas(j: Judgement) -> Check:
+    diverged = [
+        f"{name} on {axis}"
+        for axis in j.mesh.names
+        if j.mesh.size(axis) > 1
+        for name in j.stats.names
+        if not j.pre.distinct[axis][name] and j.post.distinct[axis][name]
+    ]
+    return Check("replicas", not diverged,
+                 "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4]))
+
+
+def _outcome(j: Judgement, r: int) -> str:
+    rec = j.records[r]
+    if rec["error"] is not None:
+        if r in j.collateral:
+            return "collateral"
+        return "raised-nonfinite" if NONFINITE_ERROR.search(_message(rec["error"])) else "raised"
+    if rec.get("fault"):
+        return "fault"
+    v = rec["reported"]
+    return "nonfinite" if v is not None and not math.isfinite(v) else "finite"
+
+
+def check_nonfinite(j: Judgement) -> Check | None:
+    """With a non-finite gradient every rank must take the same deliberate action: report a
+    non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
+    gradients, or raise a documented non-finite error on every rank."""
+    if j.finite_truth:
+        return None
+    outcomes = [_outcome(j, r) for r in range(len(j.records))]
+    policies = [rec["local"].get("policies") for rec in j.records]
+    holders = [set(p) for p in policies if p is not None]
+    shared = set.intersection(*holders) if holders else {"any"}
+    if all(o == "raised-nonfinite" for o in outcomes) and not j.collateral:
+        return Check("nonfinite", True)
+    ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
+    detail = "" if ok else "per rank: " + ", ".join(
+        f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
+        for r, (o, p) in enumerate(zip(outcomes, policies)))
+    return Check("nonfinite", ok, detail)
+
+
+CHECKS: tuple[CheckFn, ...] = (
+    check_truth, check_raised, check_contract, check_params, check_norm, check_agree, check_coefficient,
+    check_replicas, check_nonfinite,
+)
+"""Every check, in report order: each a function of the whole case that returns its verdict, or None
+when it does not apply. ``evaluate`` runs them all."""
+
+
+def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[str]:
+    if norm is None or norm.passed:
+        return []
+    evidence = Evidence(
+        truth=j.truth,
+        norm_type=j.case.norm_type,
+        mesh=j.mesh,
+        local_norms=j.stats.local_norms(j.case.norm_type),
+        declared_norm=declared_norm(j.stats, j.mesh, j.case.variant.declared, j.case.norm_type),
+        declared_mismatches=mismatches,
+    )
+    return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype))
+
+
+def _median_coefficient(records: Sequence[Mapping[str, Any]]) -> float | None:
+    values = sorted(c for rec in records for c, _ in rec["local"]["scale"].values())
+    return values[len(values) // 2] if values else None
+
+
+def evaluate(
+    case: CaseSpec,
+    truth: float,
+    measured: float,
+    stats: StatsTable,
+    pre: Replication,
+    post: Replication,
+    records: Sequence[Mapping[str, Any]],
+) -> CaseResult:
+    """Judge one case from every rank's record: run every check, explain a wrong norm."""
+    j = Judgement(case, truth, measured, stats, pre, post, records)
+    checks = [c for c in (fn(j) for fn in CHECKS) if c is not None]
+    mismatches = declared_mismatches(case.variant.declared, pre, stats, case.layout.mesh)
+    norm = next((c for c in checks if c.name == "norm"), None)
+    truth_ok = checks[0].passed
+    verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
+    coefficient = _median_coefficient(records) if j.finite_truth and not j.raised else None
+    return CaseResult(
+        case=case,
+        verdict=verdict,
+        truth=truth,
+        measured_truth=measured,
+        reported=j.reported,
+        checks=checks,
+        signature=_signature(j, mismatches, norm),
+        placements={name: pre.describe(name, case.layout.mesh) for name in stats.names},
+        mismatches=mismatches,
+        coefficient=coefficient,
+        seconds=max(float(r["seconds"]) for r in records),
+        errors=j.errors,
+    )
+
+
+def skipped_result(case: CaseSpec) -> CaseResult:
+    """A case that cannot run here: reported with its reason, counted neither as pass nor as fail."""
+    return CaseResult(case=case, verdict="SKIP", truth=math.nan, measured_truth=math.nan, reported=[],
+                      checks=[Check("skip", True, case.skip or "")], signature=[], placements={}, mismatches=[],
+                      coefficient=None, seconds=0.0)
+
+
+def unjudged_result(case: CaseSpec, check: str, detail: str, world_size: int, seconds: float = 0.0) -> CaseResult:
+    """A case that was not judged (a rank hung or died, the run was stopped): an ERROR, never a pass.
+    ``check`` names what happened: ``hang``, ``crash`` or ``not_run``."""
+    return CaseResult(case=case, verdict="ERROR", truth=math.nan, measured_truth=math.nan,
+                      reported=[None] * world_size, checks=[Check(check, False, detail)], signature=[],
+                      placements={}, mismatches=[], coefficient=None, seconds=seconds)
+
+
+def setup_failed_result(case: CaseSpec, truth: float, errors: Sequence[str | None], seconds: float) -> CaseResult:
+    """The framework's own setup (its dress step) raised: the clip was never reached."""
+    detail = describe_errors(errors)
+    return CaseResult(case=case, verdict="FAIL", truth=truth, measured_truth=math.nan, reported=[None] * len(errors),
+                      checks=[Check("setup", False, f"the framework setup raised: {detail}")], signature=[],
+                      placements={}, mismatches=[], coefficient=None, seconds=seconds, errors=list(errors))

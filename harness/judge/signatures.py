@@ -1,0 +1,119 @@
+"""Explain a wrong norm by the mistake that produces it.
+
+A bare ratio says little; "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times" says
+where to look. Each explanation is a *hypothesis computed from the case's own measured statistics*
+(the per-rank local norms, the declared plan), never a table of expected numbers: a hypothesis is
+reported only when its value matches what the target reported, within the dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from harness.clipmath import is_inf_norm
+from harness.spec.layout import MeshSpec
+from harness.judge.truth import norms_agree
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a hypothesis may use: the truth and the norms other mistakes would have produced."""
+
+    truth: float
+    norm_type: float
+    mesh: MeshSpec
+    local_norms: Sequence[float]
+    declared_norm: float
+    declared_mismatches: Sequence[str]
+
+
+def _power_phrase(k: int, norm_type: float, inverse: bool) -> str:
+    if norm_type == 2:
+        body = f"sqrt({k})"
+    elif norm_type == 1:
+        body = f"{k}"
+    else:
+        return f"{k}^({'-' if inverse else ''}1/{norm_type:g})"
+    return f"1/{body}" if inverse else body
+
+
+def _group_name(k: int, mesh: MeshSpec) -> str:
+    dims = [f"{d}_size" for d in mesh.names if mesh.size(d) == k]
+    if dims:
+        return " or ".join(dims)
+    if k == mesh.world_size:
+        return "world_size"
+    return f"{k}"
+
+
+def replica_factor(ratio: float, evidence: Evidence, rtol: float) -> str | None:
+    """ratio == k^(-1/p): a group counted once instead of k times; k^(1/p): k times instead of once."""
+    if is_inf_norm(evidence.norm_type) or not math.isfinite(ratio) or ratio <= 0:
+        return None
+    for k in range(2, max(evidence.mesh.world_size, 2) + 1):
+        under = k ** (-1.0 / evidence.norm_type)
+        if norms_agree(ratio, under, rtol):
+            phrase = _power_phrase(k, evidence.norm_type, inverse=True)
+            return f"{ratio:.6f} = {phrase}: a group counted once instead of {_group_name(k, evidence.mesh)} times"
+        if norms_agree(ratio, 1.0 / under, rtol):
+            phrase = _power_phrase(k, evidence.norm_type, inverse=False)
+            return f"{ratio:.6f} = {phrase}: a group counted {_group_name(k, evidence.mesh)} times instead of once"
+    return None
+
+
+def _mismatch(reported: Sequence[float], candidate: Sequence[float]) -> float:
+    """Largest relative distance between what each rank reported and a hypothesis's value."""
+    worst = 0.0
+    for r, c in zip(reported, candidate):
+        if not (math.isfinite(r) and math.isfinite(c)):
+            return math.inf
+        worst = max(worst, abs(r - c) / max(abs(c), 1e-300))
+    return worst
+
+
+def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[str]:
+    """The replica-factor reading of the ratio, plus the hypotheses that best match the reports.
+
+    Several hypotheses can fall inside the tolerance by coincidence (the mean of nearly equal local
+    norms is close to their root-mean-square), so only the closest ones are kept: those within 10x
+    of the best match's distance.
+    """
+    truth = evidence.truth
+    if not reported or not math.isfinite(truth) or truth == 0:
+        return []
+    found: list[str] = []
+    factor = replica_factor(reported[0] / truth, evidence, rtol)
+    if factor:
+        found.append(factor)
+
+    n = len(reported)
+    local = list(evidence.local_norms)
+    p = evidence.norm_type
+    candidates: list[tuple[str, list[float]]] = []
+    if evidence.declared_mismatches:
+        mismatch = "; ".join(evidence.declared_mismatches[:3])
+        more = len(evidence.declared_mismatches) - 3
+        tail = f" (+{more} more)" if more > 0 else ""
+        candidates.append((f"equals the norm implied by the declared placements, which are wrong: {mismatch}{tail}",
+                           [evidence.declared_norm] * n))
+    if len(local) == n and n > 1:
+        candidates.append(("each rank reports its rank-local norm: no cross-rank reduction", local))
+        candidates.append(("equals the mean of the rank-local norms: a root taken before the cross-rank average",
+                           [sum(local) / n] * n))
+        candidates.append(("equals the largest rank-local norm: partial norms merged with MAX", [max(local)] * n))
+        if not is_inf_norm(p):
+            every = sum(x**p for x in local) ** (1.0 / p)
+            candidates.append(("equals the norm with every replica counted: no de-duplication of replicas",
+                               [every] * n))
+    scored = [
+        (_mismatch(reported, values), text)
+        for text, values in candidates
+        if _mismatch([truth] * n, values) > rtol  # a hypothesis that equals the truth explains nothing
+    ]
+    scored = [(err, text) for err, text in scored if err <= rtol]
+    if scored:
+        best = min(err for err, _ in scored)
+        found.extend(text for err, text in sorted(scored) if err <= max(10 * best, 1e-12))
+    return found

@@ -1,0 +1,82 @@
+"""Ground truth, two independent ways, as pure functions of what the ranks measured.
+
+*Measured*: each rank's per-parameter statistics (``harness.run.measure``) weighted by the
+replication the raw bits showed: a slice replicated k times counts 1/k.
+
+*Constructive*: the float64 norm of the logical gradients, from the value generator alone, with no
+communication at all (``harness.spec.constructive``: planning needs it too, to set the bounds).
+
+The two must agree (within ``CROSS_CHECK_RTOL``). When they do not, the harness itself (or its
+injection) is wrong, and the case is reported as a harness error rather than blamed on the function
+under test.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from harness.clipmath import combine, is_inf_norm, root
+from harness.run.measure import Replication, StatsTable
+from harness.spec.layout import MeshSpec, Replicate
+
+CROSS_CHECK_RTOL = 1e-9
+"""How closely the measured and the constructive truth must agree (both are float64 sums)."""
+
+
+def weighted_norm(
+    stats: StatsTable,
+    mesh: MeshSpec,
+    replicated_dims: Mapping[str, frozenset[str]],
+    norm_type: float,
+) -> float:
+    """The global norm when each rank's slice of a parameter counts 1/k, k = its replica count.
+
+    The replica group of rank r for a parameter is every rank that holds a gradient for it and shares
+    r's coordinates on all dims the parameter is *not* replicated on. Used with measured replication
+    it is the measured truth; with declared placements it is what a plan-trusting clip would report.
+    """
+    coords = [mesh.coordinate(r) for r in range(stats.world_size)]
+    total = 0.0
+    for j, name in enumerate(stats.names):
+        keep = [a for a, d in enumerate(mesh.names) if d not in replicated_dims[name]]
+        for r in range(stats.world_size):
+            if not stats.present(r, j):
+                continue
+            key = tuple(coords[r][a] for a in keep)
+            count = sum(
+                1
+                for q in range(stats.world_size)
+                if stats.present(q, j) and tuple(coords[q][a] for a in keep) == key
+            )
+            value = stats.pow_sum[r][j]
+            total = combine(total, value if is_inf_norm(norm_type) else value / count, norm_type)
+    return root(total, norm_type)
+
+
+def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:
+    dims = {name: replication.replicated_dims(name, mesh) for name in stats.names}
+    return weighted_norm(stats, mesh, dims, norm_type)
+
+
+def declared_norm(
+    stats: StatsTable,
+    mesh: MeshSpec,
+    declared: Mapping[str, Mapping[str, object]],
+    norm_type: float,
+) -> float:
+    """The norm a clip would get by trusting the declared plan's Replicate placements."""
+    dims = {
+        name: frozenset(d for d in mesh.names if isinstance(declared.get(name, {}).get(d, Replicate()), Replicate))
+        for name in stats.names
+    }
+    return weighted_norm(stats, mesh, dims, norm_type)
+
+
+def norms_agree(a: float, b: float, rtol: float) -> bool:
+    """Equal within ``rtol``; two non-finite values agree when both are NaN or both the same inf."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-300)

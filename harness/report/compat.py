@@ -1,0 +1,39 @@
+"""The compatibility table (markdown) of the real
+frameworks' clip functions, from results the harness wrote: framework and version, scenario, layout,
+norm, dtype, world size, verdict and reported/true ratio. Cases of the harness's own targets (the
+reference, the framework-style models, the mutants) are left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+
+def _ratio(rec: dict[str, Any]) -> str:
+    if rec["verdict"] == "SKIP":
+        return "-"
+    r = rec["ratio"]
+    if r is None:
+        failed = [n for n, c in rec["checks"].items() if not c["passed"]]
+        return "raised" if "raised" in failed or "setup" in failed else "-"
+    return r if isinstance(r, str) else f"{r:.6f}"
+
+
+def compat_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for rec in records:
+        if rec.get("type") != "case" or not rec.get("framework") and rec["verdict"] != "SKIP":
+            continue
+        if rec["verdict"] == "SKIP" and not rec.get("skip_reason"):
+            continue
+        framework = rec.get("framework") or f"{rec['target']} (not installed)"
+        rows.append([framework, rec["target"], rec["scenario"], rec["layout"], rec["norm"], rec["dtype"],
+                     str(rec["world_size"]), rec["verdict"], _ratio(rec)])
+    return sorted({tuple(r): r for r in rows}.values(), key=lambda r: (r[0], r[2], int(r[6]), r[3], r[1], r[4], r[5]))
+
+
+def markdown(rows: list[list[str]]) -> str:
+    head = ["framework", "target", "scenario", "layout", "norm", "dtype", "world", "verdict", "ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""What rank 0 prints and writes.
+
+Console: one line per case (scenario, layout, target, norm, dtype, reported, true, ratio, verdict),
+then, for a failing case, one indented line per failed check and the matching signatures. Notes on
+declared-vs-measured placements are printed once per layout variant.
+
+File (``--json PATH``): JSON Lines, one object per case written and flushed as soon as the case is
+judged, so a crash loses nothing already measured; metamorphic groups and a summary close the file.
+Non-finite numbers are written as the strings "nan", "inf", "-inf" to keep every line valid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import IO, Any, Iterable
+
+from harness.spec.case import bound_label
+from harness.judge.checks import NORM_RTOL, CaseResult
+from harness.report.junit import write_junit
+from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
+from harness.judge.verdicts import count
+
+
+def _num(x: float | None) -> Any:
+    if x is None:
+        return None
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def _fmt(x: float | None, width: int = 12) -> str:
+    if x is None:
+        return "-".ljust(width)
+    return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
+
+
+def read_records(path: str) -> list[dict[str, Any]]:
+    """Every record of a JSON Lines results file (cases, metamorphic groups, the summary)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> dict[str, Any]:
+    case = result.case
+    return {
+        "framework": framework,
+        "type": "case",
+        "index": case.index,
+        "scenario": case.scenario,
+        "layout": case.variant.label,
+        "mesh": dict(case.layout.mesh.dims),
+        "target": case.target,
+        "norm_type": _num(case.norm_type),
+        "norm": case.norm_label,
+        "dtype": case.injection.dtype,
+        "max_norm": case.max_norm,
+        "clip_ratio": case.clip_ratio,
+        "seed": case.injection.seed,
+        "world_size": world_size,
+        "backend": backend,
+        "verdict": result.verdict,
+        "true_norm": _num(result.truth),
+        "measured_true_norm": _num(result.measured_truth),
+        "reported": [_num(v) for v in result.reported],
+        "ratio": _num(result.ratio),
+        "tolerance": NORM_RTOL[case.injection.dtype],
+        "coefficient": _num(result.coefficient),
+        "checks": {c.name: {"passed": c.passed, "detail": c.detail} for c in result.checks},
+        "signature": result.signature,
+        "errors": result.errors,
+        "measured_placements": result.placements,
+        "declared_mismatches": result.mismatches,
+        "invariance_key": case.variant.invariance_key,
+        "skip_reason": case.skip,
+        "seconds": result.seconds,
+    }
+
+
+def metamorphic_json(group: MetamorphicResult, backend: str) -> dict[str, Any]:
+    return {
+        "type": "metamorphic",
+        "world_size": group.world_size,
+        "backend": backend,
+        "scenario": group.scenario,
+        "target": group.target,
+        "norm": group.norm_label,
+        "dtype": group.dtype,
+        "invariance_key": group.key,
+        "bound": group.bound,
+        "coefficients": group.coefficients,
+        "norms": group.norms,
+        "gap": group.gap,
+        "passed": group.passed,
+    }
+
+
+class Reporter:
+    """Rank 0's printer and JSON Lines writer."""
+
+    def __init__(self, out: IO[str], json_path: str | None, world_size: int, backend: str, verbose: bool,
+                 frameworks: dict[str, str | None] | None = None, junit_path: str | None = None,
+                 append: bool = False) -> None:
+        self.out = out
+        self.junit_path = junit_path
+        self.frameworks = frameworks or {}
+        self.world_size = world_size
+        self.backend = backend
+        self.verbose = verbose
+        self.json = open(json_path, "a" if append else "w", encoding="utf-8") if json_path else None
+        self._noted: set[str] = set()
+        self.records: list[dict[str, Any]] = []
+
+    def _write_json(self, obj: dict[str, Any]) -> None:
+        self.records.append(obj)
+        if self.json is not None:
+            self.json.write(json.dumps(obj) + "\n")
+            self.json.flush()
+
+    def _print(self, line: str = "") -> None:
+        print(line, file=self.out, flush=True)
+
+    def header(self, n_cases: int, notes: Iterable[str]) -> None:
+        tol = ", ".join(f"{k} {v:g}" for k, v in NORM_RTOL.items())
+        self._print(f"clipcheck: {n_cases} cases on {self.world_size} rank(s), backend {self.backend}; "
+                    f"norm tolerance (relative) {tol}")
+        for note in notes:
+            self._print(f"note: {note}")
+        self._print(f"{'scenario':<17} {'layout':<52} {'target':<25} {'norm':<5} {'dtype':<5} {'bound':<7} "
+                    f"{'reported':<12} {'true':<12} {'ratio':<10} verdict")
+
+    def case(self, result: CaseResult) -> None:
+        case = result.case
+        label = case.variant.label
+        if label not in self._noted:
+            self._noted.add(label)
+            for mismatch in result.mismatches:
+                self._print(f"  note [{case.scenario} {label}]: {mismatch}")
+            if self.verbose:
+                for name, where in result.placements.items():
+                    self._print(f"  measured [{label}] {name}: {where}")
+        reported = result.reported[0] if result.reported else None
+        self._print(
+            f"{case.scenario:<17} {label:<52} {case.target:<25} {case.norm_label:<5} {case.injection.dtype:<5} "
+            f"{bound_label(case.clip_ratio, case.max_norm):<7} {_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
+        )
+        for check in result.failed:
+            self._print(f"    {check.name}: {check.detail}".replace("\n", "\n      "))
+        if result.verdict == "SKIP":
+            self._print(f"    skipped: {case.skip}")
+        for line in result.signature:
+            self._print(f"      signature: {line}")
+        self._write_json(case_json(result, self.world_size, self.backend, self.frameworks.get(case.target)))
+
+    def metamorphic(self, groups: list[MetamorphicResult]) -> None:
+        if not groups:
+            return
+        self._print("metamorphic (same unique gradients, different layouts => same coefficient):")
+        for g in groups:
+            low = min(g.coefficients, key=g.coefficients.__getitem__)
+            high = max(g.coefficients, key=g.coefficients.__getitem__)
+            self._print(
+                f"  {g.scenario} {g.target} {g.norm_label} {g.dtype} over {len(g.coefficients)} layouts: "
+                f"coefficient gap {g.gap:.7f} {'PASS' if g.passed else 'FAIL'}"
+                + ("" if g.gap == 0 else f"  [{low}: {g.coefficients[low]:.6f} .. {high}: {g.coefficients[high]:.6f}]")
+            )
+            self._write_json(metamorphic_json(g, self.backend))
+
+    def finish(self, results: list[CaseResult] | None = None) -> int:
+        """Metamorphic groups over the judged cases, the summary line and record, JUnit; the exit
+        status. (``results`` is accepted for callers that hold them; the records are what count.)"""
+        self.metamorphic(metamorphic_groups(self.records))
+        counts = count(self.records)
+        self._print(f"summary: {counts.line()}")
+        self._write_json(counts.as_record())
+        if self.junit_path:
+            write_junit(self.junit_path, self.records)
+        self.close()
+        return counts.status
+
+    def close(self) -> None:
+        if self.json is not None:
+            self.json.close()
+            self.json = None

@@ -1,0 +1,144 @@
+"""What the function under test did on this rank: to its gradients, to its parameters, to the
+process groups it was given. Rank-local, no communication; rank 0 judges the results (``checks``).
+
+Measured from snapshots taken just before the call, so the judge never trusts the target's account:
+
+* the factor each gradient was scaled by (least squares) and how far from uniform;
+* gradients the target deleted (``p.grad = None``) or replaced by a tensor of another shape, dtype or
+  device ("mangled": the harness measures the rest of the case without them instead of crashing);
+* parameters whose values changed (a clip function must only touch gradients);
+* with a non-finite gradient in the case: which *non-finite policies* the rank's gradients are
+  consistent with. A clip may legitimately leave the gradients (``leave``), zero them (``zero``: a
+  skip step, or torch's ``g * 0`` after an inf norm, where ``inf * 0`` is NaN) or multiply them by a
+  NaN coefficient (``poison``: torch's default); every rank holding gradients must do the same one.
+  A rank that holds no gradient is consistent with every policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from harness.run.measure import bit_words
+
+Grads = Mapping[str, "torch.Tensor | None"]
+
+POLICIES = ("leave", "zero", "poison")
+
+
+def mangled_reason(before: torch.Tensor, after: torch.Tensor) -> str | None:
+    """Why ``after`` cannot be the same gradient as ``before`` (shape, dtype, device), or None."""
+    if tuple(after.shape) != tuple(before.shape):
+        return f"shape {tuple(before.shape)} -> {tuple(after.shape)}"
+    if after.dtype != before.dtype:
+        return f"dtype {before.dtype} -> {after.dtype}"
+    if after.device != before.device:
+        return f"device {before.device} -> {after.device}"
+    return None
+
+
+def sanitize(pre: Grads, post: Grads) -> tuple[dict[str, torch.Tensor | None], dict[str, str]]:
+    """``post`` with every mangled gradient replaced by None, and why each was dropped; the harness's
+    own measurements after the call then run on well-formed tensors of the shapes measured before
+    the call, on every rank (a gradient that appeared where there was none is left out too)."""
+    clean: dict[str, torch.Tensor | None] = {}
+    mangled: dict[str, str] = {}
+    for name, after in post.items():
+        before = pre.get(name)
+        if before is None:  # a gradient the target created has nothing to be compared with
+            clean[name] = None
+            continue
+        reason = None if after is None else mangled_reason(before, after)
+        if reason is not None:
+            mangled[name] = reason
+            after = None
+        clean[name] = after
+    return clean, mangled
+
+
+def canonical_nans(grads: Grads) -> dict[str, torch.Tensor | None]:
+    """Every NaN replaced by the dtype's canonical NaN: NaN payloads and signs carry no meaning (0/0
+    and ``x * nan`` give different bits on x86), so replicas must not be told apart by them."""
+    out: dict[str, torch.Tensor | None] = {}
+    for name, g in grads.items():
+        if g is not None and g.is_floating_point():
+            g = torch.where(torch.isnan(g), torch.full((), float("nan"), dtype=g.dtype, device=g.device), g)
+        out[name] = g
+    return out
+
+
+def snapshot_params(named: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in named.items()}
+
+
+def changed_params(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> list[str]:
+    """Parameters whose rank-local values, shape or dtype differ from the snapshot, or that vanished."""
+    changed = []
+    for name, old in before.items():
+        new = after.get(name)
+        if new is None or mangled_reason(old, new) is not None:
+            changed.append(name)
+        elif not torch.equal(bit_words(old), bit_words(new.detach())):
+            changed.append(name)
+    return changed
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
+    """The non-finite policies this rank's gradients are consistent with; None when it holds none."""
+    held = [(n, g) for n, g in pre.items() if g is not None]
+    if not held:
+        return None
+    ok = dict.fromkeys(POLICIES, True)
+    for name, before in held:
+        after = post.get(name)
+        if after is None:
+            return []
+        a = before.detach().to(torch.float64).cpu()
+        b = after.detach().to(torch.float64).cpu()
+        ok["leave"] = ok["leave"] and _same(a, b)
+        finite = torch.isfinite(a)
+        zeroed = torch.where(finite, b == 0, (b == 0) | torch.isnan(b))
+        ok["zero"] = ok["zero"] and bool(zeroed.all())
+        ok["poison"] = ok["poison"] and bool(torch.isnan(b).all())
+    return [p for p in POLICIES if ok[p]]
+
+
+def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
+    """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
+
+    Returns ``{"scale": {name: [c, residual]}, "vanished": [...], "unchanged": bool, "held": bool}``;
+    ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
+    when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
+    """
+    scale: dict[str, list[float]] = {}
+    vanished: list[str] = []
+    unchanged = True
+    held = False
+    for name, before in pre.items():
+        if before is None:
+            continue
+        held = True
+        after = post.get(name)
+        if after is None:
+            vanished.append(name)
+            unchanged = False
+            continue
+        a = before.detach().to(torch.float64).reshape(-1).cpu()
+        b = after.detach().to(torch.float64).reshape(-1).cpu()
+        if unchanged and not torch.equal(bit_words(before).cpu(), bit_words(after).cpu()):
+            unchanged = False
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            continue
+        denom = float((a * a).sum())
+        if denom == 0.0:
+            continue
+        c = float((a * b).sum()) / denom
+        top = float(a.abs().max()) * max(abs(c), 1e-300)
+        residual = float((b - c * a).abs().max()) / top
+        scale[name] = [c, residual]
+    return {"scale": scale, "vanished": vanished, "unchanged": unchanged, "held": held}

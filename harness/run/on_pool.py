@@ -1,0 +1,40 @@
+"""Cases on a warm world (``RankPool``) instead of a torchrun job: for the fuzzer, replays, the
+``check`` API and benchmarks, where a launch per case would cost seconds."""
+
+from __future__ import annotations
+
+from harness.spec.case import CaseSpec
+from harness.judge.checks import CaseResult, unjudged_result
+from harness.run.pool import RankPool, RankResult, current_world
+from harness.targets.registry import registered_targets
+from harness.run.runner import run_case
+from harness.spec.scenario import Scenario
+from harness.targets.target import resolve_target
+
+
+def run_case_task(case: CaseSpec, scenario: Scenario) -> CaseResult | None:
+    """Runs on every rank of the pool; rank 0 returns the judged result."""
+    target = resolve_target(case.target, registered_targets([scenario]))
+    return run_case(current_world(), case, scenario, target)
+
+
+def _last_line(result: RankResult) -> str:
+    lines = (result.error or "").strip().splitlines()
+    return lines[-1] if lines else result.status
+
+
+def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario) -> CaseResult:
+    """The judged case; a case the pool could not judge (a rank hung, died, or the harness itself
+    raised on a rank) is an ERROR result naming the ranks and why (the pool restarts itself)."""
+    results = pool.run(run_case_task, case, scenario)
+    bad = [r for r in results if not r.ok]
+    if not bad:
+        value = results[0].value
+        assert isinstance(value, CaseResult)
+        return value
+    hung = [r for r in bad if r.status == "hung" or "WorldBroken" in (r.error or "")]
+    check = "hang" if hung else "crash"
+    primary = [r for r in bad if r.status in ("hung", "died")] or bad
+    detail = "; ".join(f"rank {r.rank} {r.status}: {(r.error or '').strip()}" if r.status == "hung"
+                       else f"rank {r.rank} {r.status}: {_last_line(r)}" for r in primary)
+    return unjudged_result(case, check, detail, pool.world_size)

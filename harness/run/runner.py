@@ -1,0 +1,172 @@
+"""Run one case on one rank, in lockstep with the other ranks.
+
+Every rank executes the same collectives in the same order whatever the function under test does:
+
+1. build the EP-local model, dress it, inject gradients, snapshot gradients and parameters;
+2. measure ground truth (private groups): one stats all-reduce + MAX/MIN per mesh axis + one merge,
+   once per layout variant and norm type (``truth_cache``: later cases of the variant start from
+   bit-identical gradients, which each rank verifies);
+3. call the target, guarded (``_guarded``): an exception is caught, a Python-level hang is noticed by
+   a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
+   (``dress``) gets the same guard around it, before the gradients are injected;
+4. check what the harness can see at once: the return type, the default process group;
+5. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
+   if a rank hung, ``WorldBroken`` ends the run (the world cannot run another case);
+6. measure replication again on the clipped gradients (mangled ones dropped first, so a target that
+   reshapes a gradient cannot crash the harness; each rank's view, merged by rank 0) and what the
+   target did (``effects``);
+7. send the rank's record to rank 0 through the store; rank 0 judges the case.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable
+
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from harness.spec.case import CaseSpec
+from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
+from harness.clipmath import local_tensor
+from harness.spec.context import CaseContext, attach
+from harness.run.devices import settle
+from harness.run.effects import (
+    applied_coefficients,
+    canonical_nans,
+    changed_params,
+    consistent_policies,
+    sanitize,
+    snapshot_params,
+)
+from harness.spec.model import local_grads
+from harness.run.measure import Replication, gather_stats, measure_replication, merged
+from harness.judge.truth import measured_norm
+from harness.spec.constructive import variant_truth
+from harness.spec.scenario import Scenario
+from harness.targets.target import Target, reported_value
+from harness.run.watchdog import watched
+from harness.run.world import DistWorld, WorldBroken
+
+
+def describe_exception(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message[:300]}{where}"
+
+
+def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
+    """Run a piece of the function under test (or its framework's setup) on this rank without
+    letting a failure leave the rank out of step: an exception is caught and the rank abandons its
+    groups at once, so peers blocked in a collective with it fail fast; a hang past the deadline is
+    posted as this rank's entry of the ``topic`` exchange, with its stack. GPU work queued by ``fn``
+    is settled inside the guard (``devices.settle``): on nccl it is where an error or a stuck kernel
+    of the target's shows up."""
+    start = time.perf_counter()
+
+    def on_hang(stack: str) -> None:
+        message = (f"hung: no answer from the function under test after {world.hang_deadline_s:.0f} s; "
+                   f"its stack:\n{stack}")
+        world.post_hung(topic, {"error": message, "fault": None, "broken": True})
+
+    with watched(world.hang_deadline_s, on_hang):
+        try:
+            value = fn()
+            settle(world.device)
+            return value, None, time.perf_counter() - start
+        except Exception as exc:  # the code under test may raise anything
+            world.abandon()
+            return None, describe_exception(exc), time.perf_counter() - start
+
+
+def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank learns every rank's status (through the store). A hung rank ends the run; any error
+    or broken default group means a fresh generation of groups on every rank."""
+    statuses = world.allgather_json(topic, status, 2 * world.timeout_s + 60)
+    hung = [r for r, s in enumerate(statuses) if s.get("hung")]
+    if hung:
+        raise WorldBroken(hung, "; ".join(f"rank {r}: {statuses[r]['error']}" for r in hung))
+    if any(s["error"] is not None or s.get("broken") for s in statuses):
+        world.regenerate()
+    return statuses
+
+
+def _call_target(target: Target, model: Any, case: CaseSpec) -> Any:
+    value = target.fn(model, max_norm=case.max_norm, norm_type=case.norm_type)
+    # materialize a DTensor here, inside the guard: it is a collective every rank makes
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target) -> CaseResult | None:
+    """Run ``case`` on this rank; rank 0 returns the judged result, the other ranks None."""
+    if case.skip is not None:
+        return skipped_result(case) if world.rank == 0 else None
+    variant = case.variant
+    layout = variant.layout
+    names = [spec.name for spec in layout.trainable]
+    groups = world.mesh(layout.mesh)
+
+    model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)
+    ctx = CaseContext(case, world.rank, world.world_size, world.device, groups.device_mesh, groups.target_groups,
+                      world)
+    attach(model, ctx)
+    scenario.dress(model, variant)
+    dress = target.dress
+    if dress is not None:
+        _, error, seconds = _guarded(world, "dress", lambda: dress(model, ctx))
+        statuses = _agree(world, "dress", {"error": error})
+        if any(s["error"] is not None for s in statuses):
+            if world.rank != 0:
+                return None
+            return setup_failed_result(case, variant_truth(variant, case.norm_type),
+                                       [s["error"] for s in statuses], seconds)
+    scenario.inject(model, variant, world.rank)
+    pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
+    params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
+
+    stats, pre_rep, stale_truth = world.truth_cache.measure(
+        case, pre,
+        lambda: gather_stats(names, pre, case.norm_type, world.rank, world.world_size, world.harness_world,
+                             world.device),
+        lambda table: measure_replication(names, pre, table, layout.mesh, groups.harness_groups,
+                                          world.harness_world, world.device))
+
+    default_group = dist.group.WORLD
+    value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
+    reported, fault, broken = None, None, False
+    if error is None:
+        try:
+            reported = reported_value(value)
+        except TypeError as exc:
+            fault = str(exc)
+    if not dist.is_initialized() or dist.group.WORLD is not default_group:
+        fault, broken = "the clip function destroyed or replaced the default process group", True
+    if any(s["error"] is not None or s.get("broken")
+           for s in _agree(world, "status", {"error": error, "fault": fault, "broken": broken})):
+        groups = world.mesh(layout.mesh)
+
+    post, mangled = sanitize(pre, local_grads(model, names))
+    if variant.injection.nonfinite:
+        post = canonical_nans(post)
+    # the pre-call stats size the buckets: a gradient keeps its shape or was dropped as mangled
+    # this rank's view only: the views travel in the records, and rank 0 merges them (one collective less)
+    post_view = measure_replication(names, post, stats, layout.mesh, groups.harness_groups, None, world.device)
+    local = applied_coefficients(pre, post)
+    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
+    local["mangled"] = mangled
+    local["stale_truth"] = stale_truth
+    local["post_distinct"] = post_view.distinct
+    local["params_changed"] = changed_params(params_before, {n: local_tensor(p) for n, p in model.named_parameters()})
+    if variant.injection.nonfinite:
+        local["policies"] = consistent_policies(pre, post)
+    record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
+                              "local": local}
+    records = world.gather_json("record", record, 2 * world.timeout_s + 60)
+    if records is None:
+        return None
+    truth = variant_truth(variant, case.norm_type)
+    measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
+    post_rep = merged([Replication(r["local"]["post_distinct"]) for r in records])
+    return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)

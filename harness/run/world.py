@@ -1,0 +1,277 @@
+"""Process groups for one job, and a control plane that survives a broken group.
+
+Why it is built this way:
+
+* The function under test owns the default group and the DeviceMesh it is given; the harness does
+  all of its own collectives on *private* groups. A target that leaves a collective unmatched can
+  then never pair its stray op with one of the harness's.
+* Whether a case went wrong is agreed through the rendezvous store, not a process group, so ranks
+  can agree even when the groups are broken.
+* A rank whose target raised abandons every group at once (see ``release``). Peers blocked in a
+  collective with it get "connection closed" immediately instead of waiting for a timeout, and the
+  failure cascades through ranks that were waiting on *them*. Every group has a timeout, so
+  mismatched collectives (no exception anywhere) end too.
+* After any such failure every rank builds a fresh *generation* of groups on a new store prefix and
+  the run goes on with the next case.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from harness.run.devices import nccl_error_environment
+from harness.spec.layout import MeshSpec
+from harness.run.release import release_peers
+from harness.run.truth_cache import TruthCache
+
+
+class DeadRankError(RuntimeError):
+    """A rank stopped answering: the run cannot continue and must fail with this message."""
+
+
+class WorldBroken(RuntimeError):
+    """A rank hung in the function under test (its watchdog said so through the store): the world
+    cannot run another case. ``ranks`` hung; ``detail`` says where."""
+
+    def __init__(self, ranks: list[int], detail: str) -> None:
+        super().__init__(detail)
+        self.ranks = ranks
+        self.detail = detail
+
+
+ENDED_KEY = "clipcheck/ended"
+"""Set by whichever rank reported the end of a broken run; the others wait for it before exiting,
+so a launcher that kills every rank once one exits cannot cut the report short."""
+
+
+@dataclass
+class MeshGroups:
+    """The target's DeviceMesh for one MeshSpec, and the harness's private twin groups."""
+
+    spec: MeshSpec
+    device_mesh: DeviceMesh
+    target_groups: dict[str, dist.ProcessGroup]
+    harness_groups: dict[str, dist.ProcessGroup]
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def process_group_backend(backend: str) -> str:
+    """The backend string the default group is created with. On GPUs it is ``cpu:gloo,cuda:nccl``,
+    so a user's clip that all-reduces a CPU scalar (as the README example does) works next to CUDA
+    gradients, as in torch's own distributed tests."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
+class DistWorld:
+    """One rank's view of the job: rank, device, groups of the current generation, and the store."""
+
+    def __init__(self, backend: str | None = None, timeout_s: float = 60.0, start: bool = True) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.backend = backend or default_backend()
+        self.timeout_s = float(timeout_s)
+        if self.backend == "nccl":
+            os.environ.update(nccl_error_environment(os.environ))  # errors raised where they happen
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        self.store_port = int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None
+        self.store = self._connect_store()
+        # a second connection for the watchdog: a store client serves one call at a time, and the
+        # main thread may be blocked in one (a stray new_group waits on the store)
+        self.side_store = self._connect_store(client=True)
+        self.generation = 0
+        self._exchanges = 0
+        self.truth_cache = TruthCache()
+        self._posted: list[str] = []
+        self._meshes: dict[MeshSpec, MeshGroups] = {}
+        self._harness_world: dist.ProcessGroup | None = None
+        self._lock = threading.Lock()
+        self._hung: str | None = None
+        self.hang_handler: Callable[[str], None] = self.default_hang_handler
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Create the first generation of process groups (after the store, so that ranks can first
+        agree on their plans through it)."""
+        self._init_generation()
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _connect_store(self, client: bool = False) -> dist.Store:
+        if "MASTER_ADDR" not in os.environ:
+            if self.world_size != 1:
+                raise RuntimeError("WORLD_SIZE > 1 but MASTER_ADDR is unset: launch with torchrun")
+            return self.store if client else dist.HashStore()
+        agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            self.world_size,
+            is_master=(self.rank == 0 and not agent_hosts_store and not client),
+            timeout=datetime.timedelta(seconds=max(self.timeout_s * 4, 120)),
+        )
+
+    @property
+    def _timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    def _init_generation(self) -> None:
+        prefix = dist.PrefixStore(f"clipcheck/gen{self.generation}", self.store)
+        dist.init_process_group(
+            process_group_backend(self.backend),
+            store=prefix,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=self._timeout,
+        )
+        self._harness_world = dist.new_group(timeout=self._timeout)
+        self._meshes = {}
+        self._spans: dict[tuple[MeshSpec, tuple[str, ...]], dist.ProcessGroup] = {}
+
+    @property
+    def harness_world(self) -> dist.ProcessGroup:
+        assert self._harness_world is not None
+        return self._harness_world
+
+    def mesh(self, spec: MeshSpec) -> MeshGroups:
+        """Groups for ``spec`` in this generation, built once (every rank calls in the same order)."""
+        if spec not in self._meshes:
+            spec.check_world(self.world_size)
+            # the target's mesh is a plain DeviceMesh, so sub-meshes (mesh["ep_fsdp"]) and flattening
+            # work as in any training script; its groups get the case timeout like every other group
+            ids = torch.arange(self.world_size).reshape(spec.sizes)
+            device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
+            target = {dim: device_mesh.get_group(dim) for dim in spec.names}
+            for group in target.values():
+                dist.distributed_c10d._set_pg_timeout(self._timeout, group)
+            harness = {dim: self._subgroup(spec.groups(dim)) for dim in spec.names}
+            self._meshes[spec] = MeshGroups(spec, device_mesh, target, harness)
+        return self._meshes[spec]
+
+    def group_over(self, spec: MeshSpec, dims: tuple[str, ...]) -> dist.ProcessGroup:
+        """A target-facing group spanning ``dims`` of ``spec`` (cached for this generation)."""
+        key = (spec, tuple(dims))
+        if key not in self._spans:
+            self._spans[key] = self._subgroup(spec.groups(*dims))
+        return self._spans[key]
+
+    def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:
+        mine, _ = dist.new_subgroups_by_enumeration(enumeration, timeout=self._timeout)
+        return mine
+
+    # -- failure handling ---------------------------------------------------------------------------
+    def abandon(self) -> None:
+        """This rank's case failed: unblock peers waiting on us, then drop every group."""
+        if dist.is_initialized():
+            release_peers(self.backend, self.store_port)
+        self.teardown()
+
+    def teardown(self) -> None:
+        """Drop every group of this generation."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._meshes = {}
+        self._spans = {}
+        self._harness_world = None
+
+    def regenerate(self) -> None:
+        """A fresh generation of groups after a failed case; every rank must call it."""
+        self.teardown()
+        self.generation += 1
+        self._init_generation()
+
+    def close(self) -> None:
+        self.teardown()
+
+    @property
+    def hang_deadline_s(self) -> float:
+        """How long the function under test may run before its rank counts as hung: past every
+        collective timeout, so a mismatched collective raises (and the world survives) first."""
+        return 2 * self.timeout_s + 10
+
+    # -- a hung rank ------------------------------------------------------------------------------
+    def post_hung(self, topic: str, payload: dict[str, Any]) -> None:
+        """Called from the watchdog thread while the main thread is stuck: post this rank's entry of
+        the exchange the main thread would have made next, marked hung, then hand over to
+        ``hang_handler`` (which reports or waits, then ends the process)."""
+        with self._lock:
+            if self._hung is not None:
+                return
+            self._hung = str(payload.get("error"))
+            self._post(topic, dict(payload, hung=True), self.side_store)
+        self.hang_handler(self._hung)
+
+    def default_hang_handler(self, message: str) -> None:
+        """A hung rank that is not the reporter: wait until the run's end is reported, then exit 3."""
+        self.wait_ended()
+        os._exit(3)
+
+    def signal_ended(self) -> None:
+        self.side_store.set(ENDED_KEY, "1")
+
+    def wait_ended(self) -> None:
+        try:
+            self.side_store.wait([ENDED_KEY], datetime.timedelta(seconds=self.timeout_s + 30))
+        except Exception:  # noqa: BLE001 - the reporter died too; nothing left to wait for
+            pass
+
+    # -- store control plane ----------------------------------------------------------------------
+    # Exchanges are numbered: every rank makes them in the same order, so the n-th exchange has the
+    # same key on every rank however many cases a process runs (a warm pool reuses case indices).
+    def _post(self, topic: str, payload: Any, store: dist.Store | None = None) -> tuple[list[str], str]:
+        self._exchanges += 1
+        tag = f"clipcheck/ctl/{self._exchanges}/{topic}"
+        mine = f"{tag}/{self.rank}"
+        (store or self.store).set(mine, json.dumps(payload))
+        return [f"{tag}/{r}" for r in range(self.world_size)], mine
+
+    def _wait(self, keys: list[str], topic: str, timeout_s: float) -> None:
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        except Exception:  # the store raises its own timeout type; say which ranks are missing
+            missing = sorted(int(k.rsplit("/", 1)[1]) for k in keys if not self.store.check([k]))
+            if not missing:
+                return
+            raise DeadRankError(
+                f"rank(s) {missing} did not report for {topic} within {timeout_s:.0f} s: "
+                "they hung or died (see their own output)"
+            ) from None
+
+    def allgather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any]:
+        """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order. A rank
+        whose watchdog already posted for it (it hung, then came back) does not post again."""
+        with self._lock:
+            if self._hung is not None:
+                raise WorldBroken([self.rank], self._hung)
+            keys, mine = self._post(topic, payload)
+        self._wait(keys, topic, timeout_s)
+        values = [json.loads(v) for v in self.store.multi_get(keys)]  # one round trip, not one per rank
+        # every rank has now passed all earlier exchanges, so nobody will read our older keys again
+        for old in self._posted:
+            self.store.delete_key(old)
+        self._posted = [mine]
+        return values
+
+    def gather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any] | None:
+        """Like allgather_json, but only rank 0 waits and receives; the others get None."""
+        keys, mine = self._post(topic, payload)
+        self._posted.append(mine)
+        if self.rank != 0:
+            return None
+        self._wait(keys, topic, timeout_s)
+        return [json.loads(v) for v in self.store.multi_get(keys)]

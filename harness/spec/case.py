@@ -1,0 +1,103 @@
+"""What one case is: a scenario's layout variant, run against one target with one norm and bound.
+
+Cases are plain data, built identically on every rank from the command line, so every rank walks
+the same list in the same order (the precondition for matching collectives).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from harness.spec.injection import Injection
+from harness.spec.layout import Layout, LayoutError, Placement
+
+DeclaredPlan = Mapping[str, Mapping[str, Placement]]
+"""What the framework under test *believes*: parameter name -> mesh dim -> placement."""
+
+
+def declared_from_layout(layout: Layout) -> dict[str, dict[str, Placement]]:
+    """A plan that tells the truth: the layout's own placements, every mesh dim spelled out."""
+    return {spec.name: {dim: spec.placement(dim) for dim in layout.mesh.names} for spec in layout}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One layout of a scenario and everything fixed with it.
+
+    ``invariance_key``: variants with equal keys hold the same unique logical gradients laid out
+    differently, so any correct clip must give them the same norm and coefficient (a metamorphic
+    check). ``info`` carries scenario-specific knobs (the plan name, hybrid_shared, ...).
+    """
+
+    label: str
+    layout: Layout
+    injection: Injection
+    declared: DeclaredPlan
+    invariance_key: str | None = None
+    dtensor: bool = False
+    ep_size: int | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.injection.validate(self.layout)
+        unknown = sorted(set(self.declared) - {s.name for s in self.layout})
+        if unknown:
+            raise LayoutError(f"variant {self.label!r}: declared plan names unknown parameters {unknown}")
+        if self.dtensor:
+            partial = [s.name for s in self.layout if s.present_ranks is not None]
+            if partial:
+                raise LayoutError(
+                    f"variant {self.label!r}: DTensor parameters must exist on every rank, "
+                    f"but {partial} are present on some ranks only"
+                )
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """A variant run against one target with one norm type and clip bound; a case whose target or
+    scenario needs a framework that is not installed is planned anyway, as a skip with the reason."""
+
+    index: int
+    scenario: str
+    variant: Variant
+    target: str
+    norm_type: float
+    max_norm: float
+    skip: str | None = None  # why this case cannot run here (a framework it needs is missing)
+    clip_ratio: float | None = None  # max_norm as a multiple of the true norm, when planned that way
+
+    @property
+    def layout(self) -> Layout:
+        return self.variant.layout
+
+    @property
+    def injection(self) -> Injection:
+        return self.variant.injection
+
+    @property
+    def norm_label(self) -> str:
+        return norm_label(self.norm_type)
+
+
+def norm_label(norm_type: float) -> str:
+    if math.isinf(norm_type):
+        return "Linf"
+    return f"L{norm_type:g}"
+
+
+def parse_norm_type(text: str) -> float:
+    """'2', '1', '1.5', 'inf' -> float; rejects p <= 0 and NaN."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise LayoutError(f"norm type must be a number or 'inf', got {text!r}") from None
+    if math.isnan(value) or value <= 0:
+        raise LayoutError(f"norm type must be positive or inf, got {text!r}")
+    return value
+
+
+def bound_label(clip_ratio: float | None, max_norm: float) -> str:
+    """``x0.5`` for a bound relative to the true norm, the bound itself when absolute."""
+    return f"x{clip_ratio:g}" if clip_ratio is not None else f"{max_norm:.3g}"

@@ -1,0 +1,96 @@
+"""What a clip function under test can reach from the model it is handed.
+
+The target contract is ``fn(model, *, max_norm, norm_type) -> total_norm``. Everything else a real
+framework would know (its mesh, its process groups, its own parallel plan) is reachable through
+``harness.context(model)``, so a user's function needs no harness-specific arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from harness.spec.case import CaseSpec, DeclaredPlan
+from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
+
+if TYPE_CHECKING:
+    from harness.run.world import DistWorld
+
+_ATTRIBUTE = "_clipcheck_context"
+
+
+@dataclass
+class CaseContext:
+    """The case a model belongs to, as seen from one rank.
+
+    * ``mesh`` / ``group(dim)``: the DeviceMesh and per-dim process groups for the function under test
+      (the default group is the whole world). The harness never shares these with its own checks.
+    * ``declared``: the scenario's declared plan, i.e. what a framework believes about placements.
+      It can be wrong; that is the point of several scenarios.
+    * ``layout``: the true layout. A correct clip may use it (the reference does); a realistic one
+      should rely on ``declared`` and its own parameter marks.
+    """
+
+    case: CaseSpec
+    rank: int
+    world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+    groups: Mapping[str, dist.ProcessGroup]
+    world: "DistWorld | None" = None
+    extras: dict = field(default_factory=dict)  # what a target's dress() leaves for its clip call
+
+    @property
+    def layout(self) -> Layout:
+        return self.case.layout
+
+    @property
+    def mesh_spec(self) -> MeshSpec:
+        return self.case.layout.mesh
+
+    @property
+    def declared(self) -> DeclaredPlan:
+        return self.case.variant.declared
+
+    def group(self, dim: str) -> dist.ProcessGroup:
+        self.mesh_spec.index(dim)  # a clear error for an unknown dim
+        return self.groups[dim]
+
+    def group_size(self, dim: str) -> int:
+        return self.mesh_spec.size(dim) if self.mesh_spec.has(dim) else 1
+
+    def group_over(self, dims: tuple[str, ...]) -> dist.ProcessGroup:
+        """A process group spanning several mesh dims at once (e.g. ``("ep", "tp")`` for an expert
+        model-parallel group). Built on first use and cached; every rank must ask in the same order."""
+        assert self.world is not None, "group_over needs a harness world"
+        return self.world.group_over(self.mesh_spec, dims)
+
+    def param_spec(self, name: str) -> ParamSpec:
+        return self.layout.param(name)
+
+    def declared_placement(self, name: str, dim: str) -> Placement:
+        return self.declared.get(name, {}).get(dim, Replicate())
+
+    def true_replica_count(self, name: str) -> int:
+        """Ranks holding the same slice of ``name`` as this rank, by the true layout."""
+        return self.layout.replica_count(self.layout.param(name), self.rank)
+
+
+def attach(model: nn.Module, ctx: CaseContext) -> None:
+    setattr(model, _ATTRIBUTE, ctx)
+
+
+def context(model: nn.Module) -> CaseContext:
+    """The CaseContext of a model the harness built; a clear error for any other module."""
+    ctx = getattr(model, _ATTRIBUTE, None)
+    if ctx is None:
+        raise TypeError(
+            f"{type(model).__name__} was not built by the harness: harness.context() only works on "
+            "the model passed to a clip function under test"
+        )
+    return ctx

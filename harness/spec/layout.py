@@ -1,0 +1,338 @@
+"""The layout model: a named device mesh and the logical parameters spread over it.
+
+A layout is the *truth* about where every logical gradient element lives. Everything the harness
+measures or expects (which ranks hold a replica, how many times a value must be counted, what the
+float64 norm is) is derived from it, and nothing here talks to a process group, so layouts can be
+built, validated and reasoned about before any process is launched.
+
+Conventions follow torch's DeviceMesh: mesh dims are ordered outermost first and ranks are laid out
+row-major (the last dim varies fastest). A parameter names, per mesh dim, how its logical tensor is
+placed along that dim: ``Shard(d)`` splits logical dim ``d`` evenly over the dim's coordinates,
+``Replicate()`` gives every coordinate the same slice. Several mesh dims may shard the same logical
+dim; they nest in mesh order (``ep`` then ``ep_fsdp`` on dim 0 splits experts first).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Union
+from harness.errors import ClipcheckInputError
+
+
+class LayoutError(ClipcheckInputError):
+    """A layout, mesh or case that cannot exist; raised before any process group is touched."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Split logical tensor dim ``dim`` evenly over the coordinates of a mesh dim."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"Shard({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Every coordinate of a mesh dim holds the same slice."""
+
+    def __str__(self) -> str:
+        return "Replicate()"
+
+
+Placement = Union[Shard, Replicate]
+Box = tuple[tuple[int, int], ...]
+"""A local slice of a logical tensor: one half-open ``(start, stop)`` range per logical dim."""
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Named mesh dims and their sizes; the product is the world size it needs."""
+
+    dims: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.dims]
+        if not names:
+            raise LayoutError("a mesh needs at least one dim")
+        if len(set(names)) != len(names):
+            raise LayoutError(f"mesh dim names must be unique, got {names}")
+        for name, size in self.dims:
+            if not name or not name.replace("_", "").isalnum():
+                raise LayoutError(f"mesh dim name {name!r} must be a non-empty identifier")
+            if not isinstance(size, int) or size < 1:
+                raise LayoutError(f"mesh dim {name!r} must have a positive integer size, got {size!r}")
+
+    @classmethod
+    def of(cls, **sizes: int) -> "MeshSpec":
+        """``MeshSpec.of(ep=4, ep_fsdp=1)``: dims in keyword order, outermost first."""
+        return cls(tuple(sizes.items()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.dims)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(size for _, size in self.dims)
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(self.sizes)
+
+    def size(self, dim: str) -> int:
+        return self.sizes[self.index(dim)]
+
+    def index(self, dim: str) -> int:
+        try:
+            return self.names.index(dim)
+        except ValueError:
+            raise LayoutError(f"mesh has no dim {dim!r} (dims: {', '.join(self.names)})") from None
+
+    def has(self, dim: str) -> bool:
+        return dim in self.names
+
+    def check_world(self, world_size: int) -> None:
+        if self.world_size != world_size:
+            product = " x ".join(f"{n}={s}" for n, s in self.dims)
+            raise LayoutError(
+                f"mesh {product} needs {self.world_size} ranks, but the world has {world_size}"
+            )
+
+    def coordinate(self, rank: int) -> tuple[int, ...]:
+        if not 0 <= rank < self.world_size:
+            raise LayoutError(f"rank {rank} is outside a mesh of {self.world_size} ranks")
+        coord = []
+        for size in reversed(self.sizes):
+            coord.append(rank % size)
+            rank //= size
+        return tuple(reversed(coord))
+
+    def rank_at(self, coord: Iterable[int]) -> int:
+        rank = 0
+        for c, size in zip(coord, self.sizes):
+            rank = rank * size + c
+        return rank
+
+    def groups(self, *dims: str) -> list[list[int]]:
+        """Every process group along ``dims``: ranks that differ only in those dims' coordinates
+        (one dim: a mesh dim's groups; several: groups spanning them, e.g. expert model parallel)."""
+        axes = {self.index(dim) for dim in dims}
+        seen: dict[tuple[int, ...], list[int]] = {}
+        for rank in range(self.world_size):
+            key = tuple(c for a, c in enumerate(self.coordinate(rank)) if a not in axes)
+            seen.setdefault(key, []).append(rank)
+        return list(seen.values())
+
+    def ranks_where(self, **coords: int) -> frozenset[int]:
+        """Ranks whose coordinate on each named dim equals the given value."""
+        axes = {self.index(dim): value for dim, value in coords.items()}
+        return frozenset(
+            r for r in range(self.world_size)
+            if all(self.coordinate(r)[a] == v for a, v in axes.items())
+        )
+
+    def describe(self) -> str:
+        return " ".join(f"{name}={size}" for name, size in self.dims)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One logical parameter: its full shape and its true placement on every mesh dim.
+
+    ``placements`` may omit mesh dims; an omitted dim means Replicate. ``present_ranks`` restricts
+    the ranks that hold the parameter at all (a pipeline stage or an EP rank that owns no expert);
+    ``None`` means every rank. Frozen (``trainable=False``) parameters get no gradient.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    placements: tuple[tuple[str, Placement], ...] = ()
+    present_ranks: frozenset[int] | None = None
+    trainable: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        placements = self.placements
+        if isinstance(placements, Mapping):
+            placements = tuple(placements.items())
+        object.__setattr__(self, "placements", tuple(placements))
+        if self.present_ranks is not None:
+            object.__setattr__(self, "present_ranks", frozenset(self.present_ranks))
+
+    def placement(self, dim: str) -> Placement:
+        for name, placement in self.placements:
+            if name == dim:
+                return placement
+        return Replicate()
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def param(
+    name: str,
+    shape: Iterable[int],
+    *,
+    trainable: bool = True,
+    present_ranks: Iterable[int] | None = None,
+    **placements: Placement,
+) -> ParamSpec:
+    """Shorthand: ``param("experts.w", (8, 64), ep=Shard(0), ep_fsdp=Shard(1))``."""
+    return ParamSpec(
+        name=name,
+        shape=tuple(shape),
+        placements=tuple(placements.items()),
+        present_ranks=None if present_ranks is None else frozenset(present_ranks),
+        trainable=trainable,
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A mesh and the parameters placed on it, with the derived facts the harness relies on."""
+
+    mesh: MeshSpec
+    params: tuple[ParamSpec, ...]
+    _by_name: dict[str, ParamSpec] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(self.params))
+        by_name: dict[str, ParamSpec] = {}
+        for spec in self.params:
+            if spec.name in by_name:
+                raise LayoutError(f"parameter name {spec.name!r} appears twice")
+            by_name[spec.name] = spec
+        object.__setattr__(self, "_by_name", by_name)
+        self._validate_params()
+
+    # -- validation --------------------------------------------------------------------------
+    def _validate_params(self) -> None:
+        for spec in self.params:
+            if any(s < 1 for s in spec.shape):
+                raise LayoutError(f"parameter {spec.name!r} has an empty dim in shape {spec.shape}")
+            for dim, placement in spec.placements:
+                if not self.mesh.has(dim):
+                    raise LayoutError(
+                        f"parameter {spec.name!r} is placed on mesh dim {dim!r}, which the mesh "
+                        f"does not have (mesh dims: {', '.join(self.mesh.names)})"
+                    )
+                if isinstance(placement, Shard) and not 0 <= placement.dim < len(spec.shape):
+                    raise LayoutError(
+                        f"parameter {spec.name!r}: {placement} on mesh dim {dim!r} is out of range "
+                        f"for a tensor of {len(spec.shape)} dims {spec.shape}"
+                    )
+                if not isinstance(placement, (Shard, Replicate)):
+                    raise LayoutError(f"parameter {spec.name!r}: unknown placement {placement!r}")
+            self._validate_divisibility(spec)
+            self._validate_presence(spec)
+
+    def _validate_divisibility(self, spec: ParamSpec) -> None:
+        extent = list(spec.shape)
+        for dim, size in self.mesh.dims:
+            placement = spec.placement(dim)
+            if isinstance(placement, Shard):
+                d = placement.dim
+                if extent[d] % size:
+                    raise LayoutError(
+                        f"parameter {spec.name!r}: logical dim {d} has {extent[d]} elements "
+                        f"(after outer shardings), not divisible by mesh dim {dim!r} of size {size}"
+                    )
+                extent[d] //= size
+
+    def _validate_presence(self, spec: ParamSpec) -> None:
+        if spec.present_ranks is None:
+            return
+        bad = sorted(r for r in spec.present_ranks if not 0 <= r < self.mesh.world_size)
+        if bad:
+            raise LayoutError(f"parameter {spec.name!r} is present on ranks {bad} outside the mesh")
+        held = {self._box(spec, r) for r in spec.present_ranks}
+        every = {self._box(spec, r) for r in range(self.mesh.world_size)}
+        missing = every - held
+        if missing:
+            raise LayoutError(
+                f"parameter {spec.name!r}: present_ranks {sorted(spec.present_ranks)} leave "
+                f"{len(missing)} of its {len(every)} slices on no rank"
+            )
+
+    def check_world(self, world_size: int) -> None:
+        self.mesh.check_world(world_size)
+
+    # -- lookups ---------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[ParamSpec]:
+        return iter(self.params)
+
+    def param(self, name: str) -> ParamSpec:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise LayoutError(f"layout has no parameter {name!r}") from None
+
+    @property
+    def trainable(self) -> tuple[ParamSpec, ...]:
+        return tuple(s for s in self.params if s.trainable)
+
+    # -- derived facts -----------------------------------------------------------------------------
+    def is_present(self, spec: ParamSpec, rank: int) -> bool:
+        return spec.present_ranks is None or rank in spec.present_ranks
+
+    def _box(self, spec: ParamSpec, rank: int) -> Box:
+        coord = self.mesh.coordinate(rank)
+        ranges = [[0, s] for s in spec.shape]
+        for (dim, size), c in zip(self.mesh.dims, coord):
+            placement = spec.placement(dim)
+            if isinstance(placement, Shard):
+                start, stop = ranges[placement.dim]
+                step = (stop - start) // size
+                ranges[placement.dim] = [start + c * step, start + (c + 1) * step]
+        return tuple((a, b) for a, b in ranges)
+
+    def local_box(self, spec: ParamSpec, rank: int) -> Box | None:
+        """The slice of ``spec`` that ``rank`` holds, or None when the rank does not hold it."""
+        return self._box(spec, rank) if self.is_present(spec, rank) else None
+
+    def local_shape(self, spec: ParamSpec) -> tuple[int, ...]:
+        """Local shape on any holding rank; even sharding makes it the same everywhere."""
+        return box_shape(self._box(spec, 0))
+
+    def holders(self, spec: ParamSpec, box: Box) -> list[int]:
+        """Ranks that hold exactly ``box`` of ``spec``: one replica group."""
+        return [r for r in range(self.mesh.world_size) if self.local_box(spec, r) == box]
+
+    def replica_count(self, spec: ParamSpec, rank: int) -> int:
+        """How many ranks hold the same slice as ``rank`` (0 when ``rank`` holds none)."""
+        box = self.local_box(spec, rank)
+        return 0 if box is None else len(self.holders(spec, box))
+
+    def distinct_boxes(self, spec: ParamSpec) -> list[Box]:
+        boxes: dict[Box, None] = {}
+        for r in range(self.mesh.world_size):
+            box = self.local_box(spec, r)
+            if box is not None:
+                boxes.setdefault(box)
+        return list(boxes)
+
+    def describe(self) -> str:
+        return self.mesh.describe()
+
+
+def box_shape(box: Box) -> tuple[int, ...]:
+    return tuple(b - a for a, b in box)
+
+
+def box_contains(box: Box, index: tuple[int, ...]) -> bool:
+    return all(a <= i < b for (a, b), i in zip(box, index))
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major multi-index of a flat logical index."""
+    if not 0 <= flat < math.prod(shape):
+        raise LayoutError(f"flat index {flat} is outside a tensor of shape {shape}")
+    index = []
+    for size in reversed(shape):
+        index.append(flat % size)
+        flat //= size
+    return tuple(reversed(index))

@@ -1,0 +1,123 @@
+"""Materialize a layout on one rank: a synthetic nn.Module with parameters at their local shapes.
+
+Parameters are created directly at EP-local (and FSDP-local) shapes, as frameworks do when weights
+are loaded pre-sliced, so a clip function sees exactly what it would see in training. Names are the
+layout's dotted names, so ``model.named_parameters()`` and the layout agree.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import Replicate as TorchReplicate
+from torch.distributed.tensor import Shard as TorchShard
+
+from harness.clipmath import local_tensor
+from harness.spec.injection import Injection, local_grad
+from harness.spec.layout import Layout, MeshSpec, Placement, Shard
+
+
+def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:
+    """Our placements, in mesh-dim order, as torch DTensor placements."""
+    out = []
+    for dim in mesh.names:
+        p = placements.get(dim)
+        out.append(TorchShard(p.dim) if isinstance(p, Shard) else TorchReplicate())
+    return tuple(out)
+
+
+def parameter_values(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Cheap, non-zero, exactly representable values (1, 1.125, ..., 1.875) for the parameters
+    themselves: a target that scales or overwrites parameters instead of gradients changes them
+    visibly (zeros would hide ``p.mul_(c)``)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    return (1 + (torch.arange(numel, device=device) % 8) / 8).to(dtype).reshape(shape)
+
+
+def _install(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
+    *path, leaf = dotted.split(".")
+    module = root
+    for part in path:
+        child = module._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            module.add_module(part, child)
+        module = child
+    module.register_parameter(leaf, parameter)
+
+
+def build_model(
+    layout: Layout,
+    injection: Injection,
+    rank: int,
+    device: torch.device,
+    *,
+    mesh: DeviceMesh | None = None,
+    dtensor_placements: Mapping[str, Mapping[str, Placement]] | None = None,
+) -> nn.Module:
+    """The rank-local model. With ``dtensor_placements``, parameters are DTensors on ``mesh`` with
+    those (declared) placements; otherwise plain tensors. Absent parameters are simply not there."""
+    root = nn.Module()
+    for spec in layout:
+        box = layout.local_box(spec, rank)
+        if box is None:
+            continue
+        data = parameter_values(tuple(b - a for a, b in box), injection.torch_dtype, device)
+        if dtensor_placements is not None:
+            assert mesh is not None
+            placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)
+            data = DTensor.from_local(data, mesh, placements, run_check=False)
+        _install(root, spec.name, nn.Parameter(data, requires_grad=spec.trainable))
+    return root
+
+
+_GENERATED: "OrderedDict[tuple[int, int, int], tuple[Layout, Injection, dict[str, torch.Tensor | None]]]" = \
+    OrderedDict()
+_GENERATED_KEPT = 8
+
+
+def _generated(layout: Layout, injection: Injection, rank: int) -> dict[str, torch.Tensor | None]:
+    """This rank's generated gradients of a variant, hashed once and kept for its later cases (every
+    target, norm type and bound of a variant runs on the same gradients; hashing each element again
+    was a large share of a case's CPU). Keyed by the objects, kept alive while cached."""
+    key = (id(layout), id(injection), rank)
+    entry = _GENERATED.get(key)
+    if entry is None or entry[0] is not layout or entry[1] is not injection:
+        entry = (layout, injection, {spec.name: local_grad(layout, injection, spec, rank) for spec in layout
+                                     if layout.local_box(spec, rank) is not None})
+        _GENERATED[key] = entry
+        while len(_GENERATED) > _GENERATED_KEPT:
+            _GENERATED.popitem(last=False)
+    _GENERATED.move_to_end(key)
+    return entry[2]
+
+
+def inject_grads(model: nn.Module, layout: Layout, injection: Injection, rank: int) -> None:
+    """Give every parameter this rank's gradient (or None), wrapped like the parameter itself; a copy
+    of the generated one, since the function under test writes into it."""
+    generated = _generated(layout, injection, rank)
+    for name, p in model.named_parameters():
+        grad = generated[name]
+        if grad is not None:
+            grad = grad.to(local_tensor(p).device, copy=True)
+            if isinstance(p, DTensor):
+                grad = DTensor.from_local(grad, p.device_mesh, p.placements, run_check=False)
+        p.grad = grad
+
+
+def local_grads(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor | None]:
+    """Rank-local gradient tensors by name; None where absent or without a gradient."""
+    params = dict(model.named_parameters())
+    out: dict[str, torch.Tensor | None] = {}
+    for name in names:
+        p = params.get(name)
+        out[name] = None if p is None or p.grad is None else local_tensor(p.grad)
+    return out

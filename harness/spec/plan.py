@@ -1,0 +1,161 @@
+"""Expand a matrix (scenario x target x ep_size x world x dtype x norm_type x backend) into the ordered
+list of cases one launch runs, validating everything up front.
+
+Planning is pure and deterministic, so every rank plans the same list; it needs no process group, so
+a launcher can plan every world size before it starts a single process. A *name* that does not exist
+(an unknown scenario, target or dtype) is bad input and raises ``UsageError``. A *combination* that
+cannot exist (ep_size not dividing the world, experts not divisible by ep_size, a framework-specific
+target paired with another framework's scenario, a world size or backend the matrix does not list)
+is dropped and counted under its reason; only when nothing is left is that an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from harness.errors import ClipcheckInputError
+from harness.spec.case import CaseSpec, Variant, norm_label
+from harness.spec.injection import DTYPES
+from harness.spec.layout import LayoutError
+from harness.targets.loading import LoadError
+from harness.spec.matrix import MatrixSpec
+from harness.spec.constructive import variant_truth
+from harness.targets.registry import builtin_scenarios, registered_targets, resolve_scenario
+from harness.spec.scenario import Scenario, ScenarioOptions
+from harness.targets.target import Target, resolve_target
+
+
+class UsageError(ClipcheckInputError):
+    """Bad input, reported as one clear line."""
+
+
+@dataclass
+class Plan:
+    cases: list[CaseSpec]
+    scenarios: dict[str, Scenario]
+    targets: dict[str, Target]
+    notes: list[str] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)
+
+    def drop_lines(self) -> list[str]:
+        total = sum(self.dropped.values())
+        if not total:
+            return []
+        lines = [f"dropped {total} invalid combination(s):"]
+        lines += [f"  {count} x {reason}" for reason, count in self.dropped.most_common()]
+        return lines
+
+
+def plan_cases(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
+    try:
+        plan = _plan(spec, world_size, backend)
+    except (LayoutError, LoadError) as exc:
+        raise UsageError(str(exc)) from None
+    if not plan.cases:
+        reasons = "; ".join(plan.dropped) or "the matrix is empty"
+        raise UsageError(f"no valid cases at world size {world_size}: {reasons}")
+    return plan
+
+
+def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
+    if spec.max_norm is not None and not (math.isfinite(spec.max_norm) and spec.max_norm > 0):
+        raise UsageError(f"max_norm must be positive, got {spec.max_norm}")
+    if spec.max_norm is None and not spec.clip_ratios:
+        raise UsageError("no clip bound: give clip_ratios or max_norm")
+    for ratio in spec.clip_ratios:
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise UsageError(f"clip ratios must be positive, got {ratio}")
+    for dtype in spec.dtypes:
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    names = spec.scenarios or tuple(builtin_scenarios())
+    scenarios = {name: resolve_scenario(name) for name in names}
+    plan = Plan(cases=[], scenarios=scenarios, targets={})
+    if spec.ep_sizes is not None:
+        no_ep = [n for n, s in scenarios.items() if not s.uses_ep]
+        if no_ep and spec.scenarios and len(no_ep) == len(scenarios):
+            raise UsageError(f"--ep-size does not apply to {', '.join(no_ep)}: it has no expert parallelism")
+        if no_ep:
+            plan.notes.append(f"ep_size does not apply to {', '.join(no_ep)} (no expert parallelism)")
+    registered = registered_targets(list(scenarios.values()))
+    for t in spec.targets:
+        plan.targets[t] = resolve_target(t, registered)
+
+    if spec.worlds and world_size not in spec.worlds:
+        plan.dropped[f"world size {world_size} is not in the matrix {list(spec.worlds)}"] += 1
+        return plan
+    if spec.backends and backend not in spec.backends:
+        plan.dropped[f"backend {backend} is not in the matrix {list(spec.backends)}"] += 1
+        return plan
+
+    for name, scenario in scenarios.items():
+        targets_here = []
+        for target_name in spec.targets or scenario.default_targets:
+            resolved = plan.targets.setdefault(target_name, resolve_target(target_name, registered))
+            if resolved.scenarios is not None and name not in resolved.scenarios:
+                plan.dropped[f"target {target_name} runs with {', '.join(resolved.scenarios)}, not {name}"] += 1
+                continue
+            targets_here.append(target_name)
+        if not targets_here:
+            continue
+        variants = _variants(scenario, spec, world_size, plan)
+        if spec.variant:
+            variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
+        scenario_skip = scenario.requires.unavailable() if scenario.requires else None
+        skips = {t: scenario_skip or plan.targets[t].unavailable() for t in targets_here}  # probed once
+        for variant in variants:
+            partial = any(param.present_ranks is not None for param in variant.layout)
+            for target_name in targets_here:
+                resolved = plan.targets[target_name]
+                if partial and resolved.dtensor_only:
+                    plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
+                                 f"{name} {variant.label} has parameters on some ranks only"] += 1
+                    continue
+                if resolved.dtypes is not None and variant.injection.dtype not in resolved.dtypes:
+                    plan.dropped[f"target {target_name} supports dtype {', '.join(resolved.dtypes)} only"] += 1
+                    continue
+                for norm_type in spec.norm_types or scenario.default_norm_types:
+                    if resolved.norm_types is not None and norm_type not in resolved.norm_types:
+                        plan.dropped[f"target {target_name} supports norm types "
+                                     f"{', '.join(norm_label(n) for n in resolved.norm_types)} only"] += 1
+                        continue
+                    for max_norm, ratio in bounds(spec, variant, norm_type):
+                        plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
+                                                   max_norm, skips[target_name], ratio))
+    if spec.variant and not plan.cases:
+        raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
+    return plan
+
+
+def bounds(spec: MatrixSpec, variant: Variant, norm_type: float) -> list[tuple[float, float | None]]:
+    """The clip bounds of one variant: the absolute ``max_norm``, or each ratio times the variant's
+    true norm (computed from the generator alone, so planning stays free of communication). A
+    non-finite truth has no scale: its ratios are used as bounds directly."""
+    if spec.max_norm is not None:
+        return [(spec.max_norm, None)]
+    truth = variant_truth(variant, norm_type)
+    scale = truth if math.isfinite(truth) and truth > 0 else 1.0
+    return [(ratio * scale, ratio) for ratio in spec.clip_ratios]
+
+
+def _variants(scenario: Scenario, spec: MatrixSpec, world_size: int, plan: Plan) -> list[Variant]:
+    """Every variant for each requested ep_size and dtype; an impossible ep_size is dropped and counted."""
+    ep_choices: list[tuple[int, ...] | None] = [None]
+    if scenario.uses_ep and spec.ep_sizes is not None:
+        ep_choices = [(ep,) for ep in spec.ep_sizes]
+    out: list[Variant] = []
+    for dtype in spec.dtypes:
+        for ep in ep_choices:
+            options = ScenarioOptions(seed=spec.seed, dtype=dtype, ep_sizes=ep)
+            try:
+                variants = scenario.variants(world_size, options)
+            except LayoutError as exc:
+                plan.dropped[str(exc)] += 1
+                continue
+            for variant in variants:
+                variant.layout.check_world(world_size)
+            out.extend(variants)
+    return out

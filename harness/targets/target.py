@@ -1,0 +1,146 @@
+"""Clip functions under test: the built-in ones, and how a name on the command line becomes one.
+
+The contract, the same for every target: ``fn(model, *, max_norm, norm_type) -> total_norm`` called
+on every rank, clipping the gradients in place and returning the total norm as a float, a 0-dim (or
+1-element) tensor, or a DTensor. The mesh, groups and declared plan come from
+``harness.context(model)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from harness import reference
+from harness.clipmath import local_tensor, trainable_with_grads
+from harness.spec.context import context
+from harness.targets.frameworks import Framework
+from harness.targets.loading import LoadError, is_reference, load_object
+from harness.spec.model import torch_placements
+
+ClipFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A clip function under test, and what it needs.
+
+    * ``scenarios``: the only scenarios it can run with (it models their framework), None for any.
+    * ``dtensor_only``: it builds DTensors over the whole mesh, so a layout with parameters on some
+      ranks only is not a valid combination for it.
+    * ``dtypes`` / ``norm_types``: what it supports at all, None for anything; other combinations
+      are dropped (with their reason) rather than reported as failures.
+    * ``requires``: a third-party framework; where it is missing, the target's cases are skipped.
+    * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
+      model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
+      parameters, as long as names and local shapes stay those of the layout.
+    """
+
+    name: str
+    fn: ClipFn
+    summary: str
+    origin: str = "built-in"
+    dtensor_only: bool = False
+    scenarios: tuple[str, ...] | None = None
+    dtypes: tuple[str, ...] | None = None
+    norm_types: tuple[float, ...] | None = None
+    requires: Framework | None = None
+    dress: Callable[..., None] | None = None
+
+    def unavailable(self) -> str | None:
+        return None if self.requires is None else self.requires.unavailable()
+
+    def framework_version(self) -> str | None:
+        """'deepspeed 0.19.8', 'torch 2.13.0+cpu' for torch's own clips; None for the harness's own."""
+        if self.requires is not None:
+            return None if self.unavailable() else f"{self.requires.name} {self.requires.version()}"
+        if self.name.startswith("torch"):
+            return f"torch {torch.__version__}"
+        return None
+
+
+def _local_views(model: nn.Module) -> list[nn.Parameter]:
+    """Plain parameters whose storage and gradient are views of each rank-local shard."""
+    views = []
+    for _, p in trainable_with_grads(model):
+        if isinstance(p, DTensor):
+            view = nn.Parameter(local_tensor(p).detach())
+            assert p.grad is not None  # trainable_with_grads
+            view.grad = local_tensor(p.grad)
+            p = view
+        views.append(p)
+    return views
+
+
+def torch_local(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ on each rank's local gradients: the naive, un-reduced baseline."""
+    return torch.nn.utils.clip_grad_norm_(_local_views(model), max_norm, norm_type)
+
+
+def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ on DTensor gradients placed as the *declared* plan says.
+
+    DTensor parameters are used as they are; plain ones are wrapped (sharing storage) on the case's
+    mesh with their declared placements, which is what a framework building DTensors from its plan
+    would hand to torch. The result is exact when the plan tells the truth.
+    """
+    ctx = context(model)
+    params = []
+    for name, p in trainable_with_grads(model):
+        if not isinstance(p, DTensor):
+            placements = torch_placements(ctx.declared.get(name, {}), ctx.mesh_spec)
+            wrapped = nn.Parameter(DTensor.from_local(p.detach(), ctx.mesh, placements, run_check=False))
+            assert p.grad is not None  # trainable_with_grads
+            wrapped.grad = DTensor.from_local(p.grad, ctx.mesh, placements, run_check=False)
+            p = wrapped
+        params.append(p)
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    return total.full_tensor() if isinstance(total, DTensor) else total
+
+
+BUILTIN_TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target("reference", reference.clip_grad_norm,
+               "layout-aware reference: sum |g|^p / replica count, one all-reduce, one root"),
+        Target("torch", torch_local,
+               "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)"),
+        Target("torch-dtensor", torch_dtensor,
+               "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True),
+    )
+}
+
+
+def resolve_target(name: str, registered: Mapping[str, Target]) -> Target:
+    """A registered name, or ``module:function`` / ``path/to/file.py:function``."""
+    if name in registered:
+        return registered[name]
+    if is_reference(name):
+        try:
+            fn = load_object(name)
+        except LoadError as exc:
+            raise LoadError(f"unknown target {name!r}: {exc}") from None
+        if not callable(fn):
+            raise LoadError(f"target {name!r} is not callable")
+        return Target(name, fn, (fn.__doc__ or "").strip().split("\n")[0], origin="user")
+    raise LoadError(
+        f"unknown target {name!r}: not one of {', '.join(sorted(registered))}, and not of the form "
+        "module:function or path/to/file.py:function"
+    )
+
+
+def reported_value(value: Any) -> float:
+    """What a target returned, as a float; a DTensor is materialized first (a collective)."""
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"the clip function returned a tensor of shape {tuple(value.shape)}, expected one value")
+        return float(value.detach().reshape(()).to(torch.float64).cpu())
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise TypeError(f"the clip function returned {type(value).__name__}, expected a number or a tensor")

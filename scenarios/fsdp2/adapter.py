@@ -1,0 +1,65 @@
+"""torch FSDP2: parameters wrapped by ``fully_shard`` on the meshes the ``fsdp2_meshes`` scenario
+names, gradients clipped by stock ``torch.nn.utils.clip_grad_norm_``.
+
+Setup per case (``dress``): each FSDP unit's parameters are recreated at their size *before* FSDP
+sharding (FSDP shards what it is given), then ``fully_shard`` wraps the unit; inner units first, as
+a training script would. FSDP2's DTensor parameters then have exactly the layout's local shapes, and
+the gradients are injected as DTensors with FSDP's own placements.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
+from harness.spec.context import CaseContext
+from harness.spec.model import parameter_values
+from harness.targets.target import Target
+
+
+def _mesh(kind: str, ctx: CaseContext) -> tuple[DeviceMesh, int]:
+    """The mesh an FSDP unit shards over, and how many shards its sharded dim is cut into."""
+    if kind == "world":
+        assert dist.group.WORLD is not None  # a case runs in an initialized world
+        mesh = DeviceMesh.from_group(dist.group.WORLD, ctx.device.type, mesh_dim_names=("fsdp",))
+        return mesh, ctx.world_size
+    if kind == "case":  # HSDP: replicate over the outer dims, shard over the last
+        return ctx.mesh, ctx.mesh_spec.sizes[-1]
+    return ctx.mesh[kind], ctx.group_size(kind)
+
+
+def dress(model: nn.Module, ctx: CaseContext) -> None:
+    for path, kind, dim in ctx.case.variant.info["fsdp_units"]:
+        module = model.get_submodule(path) if path else model
+        mesh, shards = _mesh(kind, ctx)
+        for name, p in list(module.named_parameters()):
+            if isinstance(p, DTensor):  # already sharded by an inner unit
+                continue
+            owner_path, _, leaf = name.rpartition(".")
+            owner = module.get_submodule(owner_path) if owner_path else module
+            shape = list(p.shape)
+            shape[dim] *= shards
+            owner.register_parameter(leaf, nn.Parameter(parameter_values(tuple(shape), p.dtype, p.device),
+                                                        requires_grad=p.requires_grad))
+
+        def shard_dim(_p: nn.Parameter, d: int = dim) -> Shard:
+            return Shard(d)
+
+        fully_shard(module, mesh=mesh, shard_placement_fn=shard_dim)
+
+
+def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ over the FSDP2 model's (DTensor) parameters."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+    return total.full_tensor() if isinstance(total, DTensor) else total
+
+
+TARGETS = (
+    Target("torch-fsdp2", clip, "torch.nn.utils.clip_grad_norm_ on an FSDP2 (fully_shard) model",
+           origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress),
+)

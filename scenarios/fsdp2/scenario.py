@@ -1,0 +1,66 @@
+"""Parameters wrapped by torch FSDP2 (``fully_shard``) on CPU meshes, clipped by stock torch.
+
+* ``fsdp``: one flat mesh over all ranks, every parameter sharded on dim 0 (the control).
+* ``hsdp``: a 2-D ``(dp_replicate, dp_shard)`` mesh; FSDP shards over ``dp_shard`` and replicates
+  over ``dp_replicate``. All gradients share one mesh, so stock clipping is exact.
+* ``mixed meshes``: dense parameters FSDP-sharded over all ranks, experts (already EP-local) sharded
+  by FSDP on their ``ep_fsdp`` sub-mesh, as xorl and VeOmni wrap them. Stock ``clip_grad_norm_``
+  cannot combine DTensors from two meshes and raises; the harness reports that error as the case's
+  outcome (torch issue #180346).
+
+``Variant.info["fsdp_units"]`` says how the model is wrapped: (module path, mesh, shard dim), inner
+units first; mesh ``"world"`` is a flat mesh over all ranks, ``"case"`` the case's own mesh (HSDP),
+any other name one dim of the case mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.spec.case import Variant, declared_from_layout
+from harness.spec.injection import Injection
+from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
+from harness.spec.scenario import Scenario, ScenarioOptions
+
+ROWS_PER_RANK, COLS, EXPERTS = 4, 12, 4
+
+
+class FSDP2Meshes(Scenario):
+    name = "fsdp2_meshes"
+    summary = "torch FSDP2 (fully_shard) on one mesh, on an HSDP mesh, and on mixed dense/expert meshes"
+    default_targets = ("torch-fsdp2", "reference")
+    default_norm_types = (2.0, float("inf"))
+
+    def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
+        injection = Injection(seed=options.seed, dtype=options.dtype)
+        rows = ROWS_PER_RANK * world_size
+        out = []
+
+        def add(label: str, layout: Layout, units: list[tuple[str, str, int]], key: str) -> None:
+            out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=injection,
+                               declared=declared_from_layout(layout), invariance_key=key,
+                               info={"fsdp_units": units}))
+
+        flat = MeshSpec.of(dp=world_size)
+        add("fsdp", Layout(flat, (
+            param("layers.0.weight", (rows, COLS), dp=Shard(0)),
+            param("layers.0.bias", (rows,), dp=Shard(0)),
+            param("layers.1.weight", (rows, COLS), dp=Shard(0)),
+        )), [("", "world", 0)], "fsdp2-dense")
+        if world_size % 2 == 0:
+            shard = world_size // 2
+            hsdp = MeshSpec.of(dp_replicate=2, dp_shard=shard)
+            add("hsdp", Layout(hsdp, tuple(
+                param(name, shape, dp_replicate=Replicate(), dp_shard=Shard(0))
+                for name, shape in (("layers.0.weight", (rows, COLS)), ("layers.0.bias", (rows,)),
+                                    ("layers.1.weight", (rows, COLS)))
+            )), [("", "case", 0)], "fsdp2-dense")
+            ep = 2
+            mixed = MeshSpec.of(ep=ep, ep_fsdp=world_size // ep)
+            both: dict[str, Any] = {"ep": Shard(0), "ep_fsdp": Shard(0)}  # the flat world mesh, in mesh order
+            add("mixed meshes", Layout(mixed, (
+                param("layers.0.weight", (rows, COLS), **both),
+                param("layers.0.bias", (rows,), **both),
+                param("moe.experts.w1", (EXPERTS, 2 * world_size, COLS), ep=Shard(0), ep_fsdp=Shard(1)),
+            )), [("moe.experts", "ep_fsdp", 1), ("", "world", 0)], "fsdp2-mixed")
+        return out

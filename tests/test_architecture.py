@@ -1,0 +1,130 @@
+"""The shape ARCHITECTURE.md describes, kept true: the pipeline's folders, the public faces at the
+top, no import circle, and a framework registered in one line of scenarios/__init__.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from harness_runs import ROOT
+
+STEPS = {"spec", "targets", "run", "judge", "report", "commands"}
+PUBLIC_FACES = {"__init__", "__main__", "api", "fuzz", "strategies", "pytest_plugin", "errors", "reference",
+                "clipmath"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "scenarios":
+        parts = ["harness", *parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the harness modules it imports, at module level or inside functions alike (imports
+    under ``if TYPE_CHECKING`` serve annotations only and are left out)."""
+    files = {_module_name(p): p for folder in ("harness", "scenarios") for p in (ROOT / folder).rglob("*.py")
+             if "__pycache__" not in p.parts}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        tree = ast.parse(path.read_text())
+        type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                     and ast.unparse(block.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                     for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:  # annotations only: no import at run time
+                continue
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                candidates = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            else:
+                continue
+            found |= {c for c in candidates if c in files and c != name}
+        graph[name] = found
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_one():  # its positive control
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_module_is_a_public_face_or_in_the_folder_of_its_step():
+    top = {p.stem for p in (ROOT / "harness").glob("*.py")}
+    folders = {p.name for p in (ROOT / "harness").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert top == PUBLIC_FACES
+    assert folders == STEPS
+
+
+def test_the_steps_depend_downwards_only():
+    """spec knows nothing of running, judging or reporting; the judge neither reports nor runs a
+    command; nothing but commands (and the public faces) imports commands. The runner may report:
+    rank 0 writes each record as its case ends."""
+    graph = import_graph()
+    forbidden = {"spec": {"run", "judge", "report", "commands"}, "judge": {"commands", "report"},
+                 "run": {"commands"}, "report": {"commands"}, "targets": {"commands", "report"}}
+    bad = []
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] not in forbidden:
+            continue
+        for dep in deps:
+            dparts = dep.split(".")
+            if len(dparts) >= 3 and dparts[1] in forbidden[parts[1]]:
+                bad.append(f"{module} -> {dep}")
+    assert bad == []
+
+
+def test_a_framework_is_one_folder_registered_in_one_line():
+    from harness.targets.builtin_scenarios import scenarios_package
+
+    package = scenarios_package()
+    for member in package.MEMBERS:
+        assert {"SCENARIO", "TARGETS", "FRAMEWORK"} <= set(vars(member)), member.__name__
+    folders = {p.name for p in (ROOT / "scenarios").iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= {m.__name__.rsplit(".", 1)[1] for m in package.MEMBERS}
+    for folder in folders:
+        assert (ROOT / "scenarios" / folder / "scenario.py").is_file()
+        assert (ROOT / "scenarios" / folder / "adapter.py").is_file()
