@@ -9,7 +9,7 @@ def clip(model, *, max_norm, norm_type=2.0):
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        placements = ctx.declared[name]                      # the plan's belief, per mesh dim
+        placements = ctx.declared[name]                      # the plan's belief, per mesh axis
         replicas = 1
         for dim in ctx.mesh_spec.names:                      # replicated dims hold copies: count once
             if not isinstance(placements.get(dim), Shard):

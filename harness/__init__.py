@@ -21,6 +21,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category
 # Exports are imported on first use (PEP 562), so importing ``harness.pytest_plugin`` (every pytest
 # start where clipcheck is installed) does not import torch.
 _EXPORTS = {
+    "MeshAxis": ".spec.axes",
     "CaseSpec": ".spec.case", "Variant": ".spec.case", "declared_from_layout": ".spec.case",
     "CaseContext": ".spec.context", "context": ".spec.context",
     "Injection": ".spec.injection",
@@ -48,6 +49,7 @@ __all__ = [
     "Injection",
     "Layout",
     "LayoutError",
+    "MeshAxis",
     "MeshSpec",
     "ParamSpec",
     "Replicate",

@@ -30,6 +30,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from harness.spec.axes import MeshAxis
 from harness.spec.case import DeclaredPlan, Variant
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param
@@ -77,7 +78,7 @@ def meshes(draw: Any, world_size: int) -> MeshSpec:
 @st.composite
 def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int | None) -> ParamSpec:
     """One parameter of a drawn kind; ``owner`` pins every expert module to one EP coordinate."""
-    fsdp, ep, tp = mesh.size("fsdp"), mesh.size("ep"), mesh.size("tp")
+    fsdp, ep, tp = mesh.size(MeshAxis.FSDP), mesh.size(MeshAxis.EP), mesh.size(MeshAxis.TP)
     kind = draw(st.sampled_from(KINDS))
     # at least 2 x 2 elements per local slice: distinct slices then differ in some element even in
     # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
@@ -100,16 +101,16 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
 def layouts(draw: Any, world_size: int) -> tuple[Layout, DeclaredPlan]:
     """A layout and the framework's declared plan for it (true where enumerated, else fallback)."""
     mesh = draw(meshes(world_size))
-    experts = mesh.size("ep") * draw(st.integers(1, 2))
-    owner = 0 if draw(st.booleans()) and mesh.size("ep") > 1 else None
+    experts = mesh.size(MeshAxis.EP) * draw(st.integers(1, 2))
+    owner = 0 if draw(st.booleans()) and mesh.size(MeshAxis.EP) > 1 else None
     count = draw(st.integers(1, 5))
     specs = tuple(draw(param_specs(mesh, i, experts, owner)) for i in range(count))
     layout = Layout(mesh, specs)
     declared: dict[str, dict[str, Placement]] = {}
     for spec in layout:
-        truth = {dim: spec.placement(dim) for dim in mesh.names}
+        truth = {axis: spec.placement(axis) for axis in mesh.names}
         if not draw(st.booleans()):  # not enumerated by the plan: the fallback placement on ep
-            truth["ep"] = Replicate()
+            truth[MeshAxis.EP] = Replicate()
         declared[spec.name] = truth
     return layout, declared
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant, declared_from_layout
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Shard, param
@@ -42,7 +43,7 @@ class DenseDP(Scenario):
         width = _width(world_size)
         mesh = MeshSpec.of(dp=world_size)
         last_row = width * width - 2  # an element of the last rank's shard under Shard(0)
-        fsdp = {"dp": Shard(0)}
+        fsdp: dict[str, Any] = {MeshAxis.DP: Shard(0)}
         layouts: list[tuple[str, dict[str, Any], bool, Sequence[tuple[str, int, str]], frozenset[int] | None]] = [
             ("replicated", {}, False, (), None),
             ("fsdp", fsdp, False, (), None),

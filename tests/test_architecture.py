@@ -4,6 +4,7 @@ top, no import circle, and a framework registered in one line of scenarios/__ini
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from harness_runs import ROOT
@@ -128,3 +129,31 @@ def test_a_framework_is_one_folder_registered_in_one_line():
     for folder in folders:
         assert (ROOT / "scenarios" / folder / "scenario.py").is_file()
         assert (ROOT / "scenarios" / folder / "adapter.py").is_file()
+
+
+AXIS_CALL = re.compile(r"""(\.group|\.group_size|\.size|\.has|\.index|\.placement|declared_placement\([^,]+,)\(?\s*["'][a-z_]+["']|mesh\[["'][a-z_]+["']\]""")
+
+
+def test_mesh_axes_are_named_in_one_place():
+    """Code in harness/ and scenarios/ asks for a mesh axis by ``MeshAxis``, never by a bare string
+    (``ctx.group("ep")``, ``mesh.size("tp")``, ``ctx.mesh["ep_fsdp"]``); a control line is caught."""
+    assert AXIS_CALL.search('ep = ctx.group_size("ep")') and AXIS_CALL.search('m = ctx.mesh["ep_fsdp"]')
+    assert not AXIS_CALL.search("ep = ctx.group_size(MeshAxis.EP)")
+    bare = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+            for folder in ("harness", "scenarios") for path in sorted((ROOT / folder).rglob("*.py"))
+            for n, line in enumerate(path.read_text().splitlines(), 1)
+            if AXIS_CALL.search(line) and not line.lstrip().startswith(("#", '"', "*"))]
+    assert not bare, bare
+
+
+def test_every_built_in_scenario_names_its_axes_from_mesh_axis():
+    from harness.spec.axes import MeshAxis
+    from harness.spec.scenario import ScenarioOptions
+    from harness.targets.builtin_scenarios import scenarios_package
+
+    names = set()
+    for scenario in scenarios_package().SCENARIOS:
+        for world in (1, 2, 4, 8):
+            for variant in scenario().variants(world, ScenarioOptions()):
+                names |= set(variant.layout.mesh.names)
+    assert names and names <= {a.value for a in MeshAxis}, names - {a.value for a in MeshAxis}

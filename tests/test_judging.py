@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.spec.case import CaseSpec, Variant, declared_from_layout
-from harness.judge.checks import evaluate
-from harness.run.effects import applied_coefficients, consistent_policies, sanitize
+from harness.judge.checks import CHECKS, Judgement, evaluate
+from harness.run.effects import rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.spec.injection import Injection, local_grad
 from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
@@ -22,14 +22,13 @@ from harness.judge.signatures import Evidence, explain, replica_factor
 def simulated_stats(layout, injection, norm_type):
     """What gather_stats would produce on every rank, computed in-process."""
     names = [s.name for s in layout.trainable]
-    numel, itemsize, powsum, nonfinite = [], [], [], []
+    numel, itemsize, powsum = [], [], []
     for r in range(layout.mesh.world_size):
         grads = [local_grad(layout, injection, s, r) for s in layout.trainable]
         numel.append([-1 if g is None else g.numel() for g in grads])
         itemsize.append([0 if g is None else g.element_size() for g in grads])
         powsum.append([0.0 if g is None else pow_sum(g, norm_type) for g in grads])
-        nonfinite.append([False if g is None else not bool(torch.isfinite(g).all()) for g in grads])
-    return StatsTable(names, numel, itemsize, powsum, nonfinite)
+    return StatsTable(names, numel, itemsize, powsum)
 
 
 def true_replication(layout):
@@ -113,13 +112,9 @@ def rank_record(case, rank, reported, transform, error=None, fault=None, params_
     layout, injection = case.layout, case.injection
     pre = {s.name: local_grad(layout, injection, s, rank) for s in layout.trainable}
     raw = {n: (None if g is None else transform(rank, n, g.clone())) for n, g in pre.items()}
-    post, mangled = sanitize(pre, raw)
-    local = applied_coefficients(pre, post)
-    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
-    local["mangled"] = mangled
-    local["params_changed"] = list(params_changed)
-    if injection.nonfinite:
-        local["policies"] = consistent_policies(pre, post)
+    params = {n: torch.zeros(1) for n in params_changed}
+    _, local = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
+    local["stale_truth"] = False
     return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
 
 
@@ -230,8 +225,7 @@ def test_harness_error_when_measured_and_constructive_disagree():
     truth, scale = correct(case)
     layout, injection = case.layout, case.injection
     stats = simulated_stats(layout, injection, 2.0)
-    records = [{"reported": truth, "error": None, "seconds": 0.0,
-                "local": applied_coefficients({}, {})} for _ in range(2)]
+    records = [rank_record(case, r, truth, scale) for r in range(2)]
     rep = true_replication(layout)
     result = evaluate(case, truth, truth * 1.01, stats, rep, rep, records)
     assert result.verdict == "ERROR" and "HARNESS ERROR" in result.failed[0].detail
@@ -311,3 +305,90 @@ def test_gradients_scaled_up_below_the_bound_fail_the_coefficient_check():
     assert kept.verdict == "PASS"
     up, _ = judge(above, [truth, truth], lambda r, n, g: g * 2.0)
     assert failed(up) == {"coefficient"}
+
+
+# -- the registry: a positive control per check, and each check reads only what it declares ---------------
+def _truth_control():
+    case = dense_case()
+    truth, scale = correct(case)
+    stats = simulated_stats(case.layout, case.injection, 2.0)
+    rep = true_replication(case.layout)
+    records = [rank_record(case, r, truth, scale) for r in range(2)]
+    return evaluate(case, truth, truth * 1.01, stats, rep, rep, records)
+
+
+def _with_correct(build):
+    case = dense_case()
+    truth, scale = correct(case)
+    return build(case, truth, scale)[0]
+
+
+CONTROLS = {
+    "truth": _truth_control,
+    "raised": lambda: _with_correct(lambda c, t, s: judge(c, [None, t], s, errors=("ValueError: boom", None))),
+    "contract": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], lambda r, n, g: None if n == "b" else s(r, n, g))),
+    "params": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], s, params_changed=(("a",), ()))),
+    "norm": lambda: _with_correct(lambda c, t, s: judge(c, [t * 0.5, t * 0.5], s)),
+    "agree": lambda: _with_correct(lambda c, t, s: judge(c, [t, math.nextafter(t, 0.0)], s)),
+    "coefficient": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], lambda r, n, g: g)),
+    "replicas": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], s, post_distinct={"dp": {"a": True, "b": True}})),
+    "nonfinite": lambda: judge(dense_case(nonfinite=[("a", 0, "nan")]), [math.nan, math.nan],
+                               lambda r, n, g: g * 0.5 if r else g)[0],
+}
+"""One fabricated case per check whose records are what a clip broken in exactly that way produces."""
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in CHECKS])
+def test_every_registered_check_has_a_positive_control_that_fails_it(name):
+    result = CONTROLS[name]()
+    assert name in failed(result), (name, [(c.name, c.passed, c.detail) for c in result.checks])
+    assert result.verdict == ("ERROR" if name == "truth" else "FAIL")
+
+
+def test_the_controls_name_only_registered_checks():
+    assert set(CONTROLS) == {spec.name for spec in CHECKS}
+
+
+class _Reads(dict):
+    """A record's ``local`` that remembers which keys were asked for."""
+
+    def __init__(self, data, seen):
+        super().__init__(data)
+        self.seen = seen
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+
+def _judgements():
+    """Finite and non-finite cases, correct and broken, so every branch of every check reads."""
+    for case, reported, transform in [
+        (dense_case(), None, None),
+        (dense_case(), [1.0, 2.0], lambda r, n, g: None if n == "a" else g),
+        (dense_case(nonfinite=[("a", 0, "nan")]), [math.nan, math.nan], lambda r, n, g: g * math.nan),
+        (partial_case(), [math.nan] * 3, lambda r, n, g: g.zero_() if r == 0 else g),
+    ]:
+        truth = constructive_norm(case.layout, case.injection, case.norm_type)
+        if transform is None:
+            _, transform = correct(case)
+            reported = [truth] * case.layout.mesh.world_size
+        records = [rank_record(case, r, reported[r], transform, params_changed=("a",) if r else ())
+                   for r in range(case.layout.mesh.world_size)]
+        stats = simulated_stats(case.layout, case.injection, case.norm_type)
+        rep = true_replication(case.layout)
+        yield case, records, lambda recs: Judgement(case, truth, truth, stats, rep, rep, recs)
+
+
+@pytest.mark.parametrize("spec", CHECKS, ids=lambda spec: spec.name)
+def test_each_check_reads_only_the_rank_local_data_it_declares(spec):
+    for _, records, make in _judgements():
+        seen: set[str] = set()
+        spec.judge(make([dict(rec, local=_Reads(rec["local"], seen)) for rec in records]))
+        assert seen <= set(spec.reads), (spec.name, seen - set(spec.reads))
+    produced = set().union(*(rec["local"] for _, records, _ in _judgements() for rec in records))
+    assert set(spec.reads) <= produced

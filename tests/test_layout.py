@@ -35,12 +35,12 @@ def test_duplicate_mesh_dims_rejected():
 
 
 def test_shard_dim_out_of_range():
-    with pytest.raises(LayoutError, match=r"Shard\(3\) on mesh dim 'ep' is out of range"):
+    with pytest.raises(LayoutError, match=r"Shard\(3\) on mesh axis 'ep' is out of range"):
         Layout(MeshSpec.of(ep=2), (param("w", (4, 4, 4), ep=Shard(3)),))
 
 
 def test_experts_not_divisible_by_ep_size():
-    with pytest.raises(LayoutError, match="6 elements .* not divisible by mesh dim 'ep' of size 4"):
+    with pytest.raises(LayoutError, match="6 elements .* not divisible by mesh axis 'ep' of size 4"):
         Layout(MeshSpec.of(ep=4), (param("experts.w", (6, 8), ep=Shard(0)),))
 
 
@@ -51,7 +51,7 @@ def test_nested_shardings_divide_what_the_outer_one_left():
 
 
 def test_unknown_mesh_dim_in_placement():
-    with pytest.raises(LayoutError, match="mesh dim 'tp', which the mesh does not have"):
+    with pytest.raises(LayoutError, match="mesh axis 'tp', which the mesh does not have"):
         Layout(MeshSpec.of(dp=2), (param("w", (4,), tp=Shard(0)),))
 
 
@@ -103,3 +103,22 @@ def test_ep_sizes_validation_messages():
         ep_sizes_for("s", 4, 8, (3,))
     with pytest.raises(LayoutError, match="8 experts are not divisible by ep_size 3"):
         ep_sizes_for("s", 6, 8, (3,))
+
+
+def test_a_variants_info_is_read_back_as_its_frameworks_own_type():
+    """Scenario and adapter share typed objects, not string keys; the wrong kind is a clear error."""
+    from dataclasses import dataclass
+
+    from harness.spec.case import Variant, declared_from_layout
+    from harness.spec.injection import Injection
+
+    @dataclass(frozen=True)
+    class Wrapping:
+        units: tuple[str, ...]
+
+    layout = Layout(MeshSpec.of(dp=2), (param("w", (4,)),))
+    variant = Variant("v", layout, Injection(seed=0), declared_from_layout(layout), info=Wrapping(("a",)))
+    assert variant.info_as(Wrapping).units == ("a",)
+    bare = Variant("bare", layout, Injection(seed=0), declared_from_layout(layout))
+    with pytest.raises(LayoutError, match="variant 'bare' carries NoneType, not the Wrapping its target needs"):
+        bare.info_as(Wrapping)

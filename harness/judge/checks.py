@@ -13,9 +13,9 @@ Each check answers one question a user would ask of a clip function:
 * ``params``       are the parameters themselves untouched?
 * ``nonfinite``    with a non-finite gradient, did every rank take the same deliberate action?
 
-Each check is a small function of a ``Judgement`` (the case and every rank's record) listed in
-``CHECKS``; ``evaluate`` runs them in order. The rank-local measurements they read come from
-``effects``.
+Each check is a ``CheckSpec`` in ``CHECKS``: its name, a small function of a ``Judgement`` (the case
+and every rank's record) and the rank-local measurements it reads, which ``harness.run.effects``
+produces; ``evaluate`` runs them in order.
 """
 
 from __future__ import annotations
@@ -94,15 +94,15 @@ def declared_mismatches(
     groups: dict[str, list[str]] = {}
     for j, name in enumerate(stats.names):
         all_zero = all(stats.pow_sum[r][j] == 0 for r in range(stats.world_size) if stats.present(r, j))
-        for dim in mesh.names:
-            if mesh.size(dim) == 1:
+        for axis in mesh.names:
+            if mesh.size(axis) == 1:
                 continue
-            placement = declared.get(name, {}).get(dim, Replicate())
-            distinct = replication.distinct[dim][name]
+            placement = declared.get(name, {}).get(axis, Replicate())
+            distinct = replication.distinct[axis][name]
             if isinstance(placement, Replicate) and distinct:
-                key = f"declared Replicate on {dim}, measured distinct"
+                key = f"declared Replicate on {axis}, measured distinct"
             elif isinstance(placement, Shard) and not distinct and not all_zero:
-                key = f"declared {placement} on {dim}, measured replicated"
+                key = f"declared {placement} on {axis}, measured replicated"
             else:
                 continue
             groups.setdefault(key, []).append(name)
@@ -204,29 +204,46 @@ class Judgement:
                 and all(NONFINITE_ERROR.search(_message(e or "")) for e in errors))
 
 
-CheckFn = Callable[[Judgement], "Check | None"]
+Outcome = tuple[bool, str] | None
+"""What a check's function returns: (passed, detail), or None when it does not apply to the case."""
 
 
-def check_truth(j: Judgement) -> Check:
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check: its name in reports, the function of the case that judges it, and the rank-local
+    measurements it reads (keys of each record's ``local``, produced by ``harness.run.effects`` and
+    the runner). ``tests/test_judging.py`` holds a positive control per name and verifies ``reads``."""
+
+    name: str
+    judge: Callable[[Judgement], Outcome]
+    reads: tuple[str, ...] = ()
+
+    def __call__(self, j: Judgement) -> Check | None:
+        outcome = self.judge(j)
+        return None if outcome is None else Check(self.name, *outcome)
+
+
+def judge_truth(j: Judgement) -> Outcome:
+    """Harness self-check: the measured (MAX-MIN) truth equals the constructive one, and the
+    gradients injected for this case are the ones measured for its variant."""
     stale = [r for r, rec in enumerate(j.records) if rec["local"].get("stale_truth")]
     if stale:
-        return Check("truth", False, f"HARNESS ERROR: ranks {stale}: the injected gradients differ from the ones "
-                     "measured for this layout variant (the injection is not deterministic)")
+        return False, (f"HARNESS ERROR: ranks {stale}: the injected gradients differ from the ones "
+                       "measured for this layout variant (the injection is not deterministic)")
     ok = norms_agree(j.measured, j.truth, CROSS_CHECK_RTOL)
-    return Check("truth", ok, "" if ok else
-                 f"HARNESS ERROR: measured truth {j.measured!r} != constructive truth {j.truth!r}; the injected "
-                 "gradients do not have the replication structure the layout describes")
+    return ok, "" if ok else (f"HARNESS ERROR: measured truth {j.measured!r} != constructive truth {j.truth!r}; "
+                              "the injected gradients do not have the replication structure the layout describes")
 
 
-def check_raised(j: Judgement) -> Check | None:
+def judge_raised(j: Judgement) -> Outcome:
     """Did the function finish on every rank? (Raising everywhere is a legitimate, documented answer
     to a non-finite gradient, nothing else.)"""
     if not j.raised:
         return None
-    return Check("raised", j.documented_nonfinite_raise(), describe_errors(j.errors))
+    return j.documented_nonfinite_raise(), describe_errors(j.errors)
 
 
-def check_contract(j: Judgement) -> Check | None:
+def judge_contract(j: Judgement) -> Outcome:
     """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
     destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype."""
     problems = []
@@ -236,46 +253,48 @@ def check_contract(j: Judgement) -> Check | None:
         if rec.get("fault"):
             problems.append(f"rank {r}: {rec['fault']}")
         local = rec["local"]
-        for name, why in local.get("mangled", {}).items():
+        for name, why in local["mangled"].items():
             problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
         for name in local["vanished"]:
             problems.append(f"rank {r}: {name} lost its gradient (set to None)")
-    return Check("contract", not problems, "; ".join(problems[:4]) + (f" (+{len(problems) - 4} more)"
-                                                                      if len(problems) > 4 else ""))
+    more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
+    return not problems, "; ".join(problems[:4]) + more
 
 
-def check_params(j: Judgement) -> Check:
+def judge_params(j: Judgement) -> Outcome:
     """A clip function must leave the parameters themselves untouched."""
-    changed = [f"rank {r}: {', '.join(rec['local'].get('params_changed', [])[:3])}"
-               for r, rec in enumerate(j.records) if rec["local"].get("params_changed")]
-    return Check("params", not changed, "" if not changed else "parameters changed: " + "; ".join(changed[:4]))
+    changed = [f"rank {r}: {', '.join(rec['local']['params_changed'][:3])}"
+               for r, rec in enumerate(j.records) if rec["local"]["params_changed"]]
+    return not changed, "" if not changed else "parameters changed: " + "; ".join(changed[:4])
 
 
-def check_norm(j: Judgement) -> Check | None:
+def judge_norm(j: Judgement) -> Outcome:
+    """The reported norm is the true global norm, within what the case's dtype allows."""
     if not j.finite_truth or j.raised:
         return None
     reported, truth = j.reported, j.truth
     rtol = tolerance(j.dtype)
     bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
     if not bad:
-        return Check("norm", True)
+        return True, ""
     ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
-    return Check("norm", False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]))
+    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4])
 
 
-def check_agree(j: Judgement) -> Check | None:
+def judge_agree(j: Judgement) -> Outcome:
+    """Every rank reports the same norm, to the bit (a rank that disagrees clips differently)."""
     if j.raised:
         return None
     values = {repr(v) for v in j.reported}
-    return Check("agree", len(values) == 1, "" if len(values) == 1 else "ranks report " + ", ".join(
-        f"{r}: {_fmt(v)}" for r, v in enumerate(j.reported)))
+    return len(values) == 1, "" if len(values) == 1 else "ranks report " + ", ".join(
+        f"{r}: {_fmt(v)}" for r, v in enumerate(j.reported))
 
 
 def expected_coefficient(j: Judgement) -> float:
     return clip_coefficient(j.case.max_norm, j.truth)
 
 
-def check_coefficient(j: Judgement) -> Check | None:
+def judge_coefficient(j: Judgement) -> Outcome:
     """Every gradient scaled by min(1, max_norm / (true + eps)), uniformly."""
     if not j.finite_truth or j.raised:
         return None
@@ -289,10 +308,11 @@ def check_coefficient(j: Judgement) -> Check | None:
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
                 worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
-    return Check("coefficient", worst is None, "" if worst is None else worst[1])
+    return worst is None, "" if worst is None else worst[1]
 
 
-def check_replicas(j: Judgement) -> Check:
+def judge_replicas(j: Judgement) -> Outcome:
+    """True replicas (measured before the call) are still bit-identical after it."""
     diverged = [
         f"{name} on {axis}"
         for axis in j.mesh.names
@@ -300,8 +320,7 @@ def check_replicas(j: Judgement) -> Check:
         for name in j.stats.names
         if not j.pre.distinct[axis][name] and j.post.distinct[axis][name]
     ]
-    return Check("replicas", not diverged,
-                 "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4]))
+    return not diverged, "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4])
 
 
 def _outcome(j: Judgement, r: int) -> str:
@@ -316,7 +335,7 @@ def _outcome(j: Judgement, r: int) -> str:
     return "nonfinite" if v is not None and not math.isfinite(v) else "finite"
 
 
-def check_nonfinite(j: Judgement) -> Check | None:
+def judge_nonfinite(j: Judgement) -> Outcome:
     """With a non-finite gradient every rank must take the same deliberate action: report a
     non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
     gradients, or raise a documented non-finite error on every rank."""
@@ -327,20 +346,27 @@ def check_nonfinite(j: Judgement) -> Check | None:
     holders = [set(p) for p in policies if p is not None]
     shared = set.intersection(*holders) if holders else {"any"}
     if all(o == "raised-nonfinite" for o in outcomes) and not j.collateral:
-        return Check("nonfinite", True)
+        return True, ""
     ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
     detail = "" if ok else "per rank: " + ", ".join(
         f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
         for r, (o, p) in enumerate(zip(outcomes, policies)))
-    return Check("nonfinite", ok, detail)
+    return ok, detail
 
 
-CHECKS: tuple[CheckFn, ...] = (
-    check_truth, check_raised, check_contract, check_params, check_norm, check_agree, check_coefficient,
-    check_replicas, check_nonfinite,
+CHECKS: tuple[CheckSpec, ...] = (
+    CheckSpec("truth", judge_truth, reads=("stale_truth",)),
+    CheckSpec("raised", judge_raised),
+    CheckSpec("contract", judge_contract, reads=("mangled", "vanished")),
+    CheckSpec("params", judge_params, reads=("params_changed",)),
+    CheckSpec("norm", judge_norm),
+    CheckSpec("agree", judge_agree),
+    CheckSpec("coefficient", judge_coefficient, reads=("scale",)),
+    CheckSpec("replicas", judge_replicas),
+    CheckSpec("nonfinite", judge_nonfinite, reads=("policies",)),
 )
-"""Every check, in report order: each a function of the whole case that returns its verdict, or None
-when it does not apply. ``evaluate`` runs them all."""
+"""Every check, in report order. ``evaluate`` runs them all; the first (``truth``) is the harness's
+own: when it fails the case is a harness ERROR, not a FAIL of the function under test."""
 
 
 def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[str]:
@@ -373,10 +399,10 @@ def evaluate(
 ) -> CaseResult:
     """Judge one case from every rank's record: run every check, explain a wrong norm."""
     j = Judgement(case, truth, measured, stats, pre, post, records)
-    checks = [c for c in (fn(j) for fn in CHECKS) if c is not None]
+    checks = [c for c in (spec(j) for spec in CHECKS) if c is not None]
     mismatches = declared_mismatches(case.variant.declared, pre, stats, case.layout.mesh)
     norm = next((c for c in checks if c.name == "norm"), None)
-    truth_ok = checks[0].passed
+    truth_ok = checks[0].passed  # CHECKS[0] is the harness's self-check and always applies
     verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
     coefficient = _median_coefficient(records) if j.finite_truth and not j.raised else None
     return CaseResult(

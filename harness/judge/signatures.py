@@ -40,9 +40,9 @@ def _power_phrase(k: int, norm_type: float, inverse: bool) -> str:
 
 
 def _group_name(k: int, mesh: MeshSpec) -> str:
-    dims = [f"{d}_size" for d in mesh.names if mesh.size(d) == k]
-    if dims:
-        return " or ".join(dims)
+    axes = [f"{d}_size" for d in mesh.names if mesh.size(d) == k]
+    if axes:
+        return " or ".join(axes)
     if k == mesh.world_size:
         return "world_size"
     return f"{k}"

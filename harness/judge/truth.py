@@ -27,19 +27,19 @@ CROSS_CHECK_RTOL = 1e-9
 def weighted_norm(
     stats: StatsTable,
     mesh: MeshSpec,
-    replicated_dims: Mapping[str, frozenset[str]],
+    replicated_axes: Mapping[str, frozenset[str]],
     norm_type: float,
 ) -> float:
     """The global norm when each rank's slice of a parameter counts 1/k, k = its replica count.
 
     The replica group of rank r for a parameter is every rank that holds a gradient for it and shares
-    r's coordinates on all dims the parameter is *not* replicated on. Used with measured replication
+    r's coordinates on all axes the parameter is *not* replicated on. Used with measured replication
     it is the measured truth; with declared placements it is what a plan-trusting clip would report.
     """
     coords = [mesh.coordinate(r) for r in range(stats.world_size)]
     total = 0.0
     for j, name in enumerate(stats.names):
-        keep = [a for a, d in enumerate(mesh.names) if d not in replicated_dims[name]]
+        keep = [a for a, axis in enumerate(mesh.names) if axis not in replicated_axes[name]]
         for r in range(stats.world_size):
             if not stats.present(r, j):
                 continue
@@ -55,8 +55,8 @@ def weighted_norm(
 
 
 def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:
-    dims = {name: replication.replicated_dims(name, mesh) for name in stats.names}
-    return weighted_norm(stats, mesh, dims, norm_type)
+    axes = {name: replication.replicated_axes(name, mesh) for name in stats.names}
+    return weighted_norm(stats, mesh, axes, norm_type)
 
 
 def declared_norm(
@@ -66,11 +66,11 @@ def declared_norm(
     norm_type: float,
 ) -> float:
     """The norm a clip would get by trusting the declared plan's Replicate placements."""
-    dims = {
-        name: frozenset(d for d in mesh.names if isinstance(declared.get(name, {}).get(d, Replicate()), Replicate))
+    axes = {
+        name: frozenset(a for a in mesh.names if isinstance(declared.get(name, {}).get(a, Replicate()), Replicate))
         for name in stats.names
     }
-    return weighted_norm(stats, mesh, dims, norm_type)
+    return weighted_norm(stats, mesh, axes, norm_type)
 
 
 def norms_agree(a: float, b: float, rtol: float) -> bool:

@@ -52,7 +52,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
         "index": case.index,
         "scenario": case.scenario,
         "layout": case.variant.label,
-        "mesh": dict(case.layout.mesh.dims),
+        "mesh": dict(case.layout.mesh.axes),
         "target": case.target,
         "norm_type": _num(case.norm_type),
         "norm": case.norm_label,

@@ -111,27 +111,21 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
 def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
-    Returns ``{"scale": {name: [c, residual]}, "vanished": [...], "unchanged": bool, "held": bool}``;
+    Returns ``{"scale": {name: [c, residual]}, "vanished": [...]}``;
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
     """
     scale: dict[str, list[float]] = {}
     vanished: list[str] = []
-    unchanged = True
-    held = False
     for name, before in pre.items():
         if before is None:
             continue
-        held = True
         after = post.get(name)
         if after is None:
             vanished.append(name)
-            unchanged = False
             continue
         a = before.detach().to(torch.float64).reshape(-1).cpu()
         b = after.detach().to(torch.float64).reshape(-1).cpu()
-        if unchanged and not torch.equal(bit_words(before).cpu(), bit_words(after).cpu()):
-            unchanged = False
         if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
             continue
         denom = float((a * a).sum())
@@ -141,4 +135,30 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
         top = float(a.abs().max()) * max(abs(c), 1e-300)
         residual = float((b - c * a).abs().max()) / top
         scale[name] = [c, residual]
-    return {"scale": scale, "vanished": vanished, "unchanged": unchanged, "held": held}
+    return {"scale": scale, "vanished": vanished}
+
+
+def rank_effects(
+    pre: Grads,
+    after: Grads,
+    params_before: Mapping[str, torch.Tensor],
+    params_after: Mapping[str, torch.Tensor],
+    nonfinite: bool,
+) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
+    """Everything this rank measured about the call, as the judge's checks read it (their ``reads``).
+
+    Returns the sanitized post-call gradients (for the replication round) and the rank's ``local``
+    record: ``scale`` and ``vanished`` (applied coefficients), ``mangled``, ``params_changed`` and,
+    in a case with a non-finite gradient, ``policies``. One function, so the runner and the judge's
+    unit tests build the same record.
+    """
+    post, mangled = sanitize(pre, after)
+    if nonfinite:
+        post = canonical_nans(post)
+    local = applied_coefficients(pre, post)
+    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
+    local["mangled"] = mangled
+    local["params_changed"] = changed_params(params_before, params_after)
+    if nonfinite:
+        local["policies"] = consistent_policies(pre, post)
+    return post, local

@@ -1,9 +1,9 @@
 """The measured ground truth, per rank: what the raw bits say is replicated where.
 
-For every parameter and every mesh dim, a MAX and a MIN all-reduce of the gradient's raw
-bits (viewed as integers) over that dim's groups. A spread of 0 in every group means the gradient is
-replicated along the dim and must be counted once there. Nothing declared is trusted: only the bits.
-All parameters share one bucket per dim, so a case costs two collectives per mesh dim (plus one to
+For every parameter and every mesh axis, a MAX and a MIN all-reduce of the gradient's raw
+bits (viewed as integers) over that axis's groups. A spread of 0 in every group means the gradient is
+replicated along the axis and must be counted once there. Nothing declared is trusted: only the bits.
+All parameters share one bucket per axis, so a case costs two collectives per mesh axis (plus one to
 gather per-rank statistics and one to merge the per-group verdicts), not two per parameter.
 Integer views matter: float MAX/MIN merge +0/-0 and drop NaN depending on rank order.
 
@@ -41,7 +41,6 @@ class StatsTable:
     numel: list[list[int]]
     itemsize: list[list[int]]
     pow_sum: list[list[float]]
-    nonfinite: list[list[bool]]
 
     @property
     def world_size(self) -> int:
@@ -64,12 +63,12 @@ class StatsTable:
 
 @dataclass
 class Replication:
-    """Measured replication: ``distinct[dim][name]`` is True when some group of ``dim`` saw a spread."""
+    """Measured replication: ``distinct[axis][name]`` is True when some group of ``axis`` saw a spread."""
 
     distinct: dict[str, dict[str, bool]]
 
-    def replicated_dims(self, name: str, mesh: MeshSpec) -> frozenset[str]:
-        return frozenset(d for d in mesh.names if not self.distinct.get(d, {}).get(name, False))
+    def replicated_axes(self, name: str, mesh: MeshSpec) -> frozenset[str]:
+        return frozenset(a for a in mesh.names if not self.distinct.get(a, {}).get(name, False))
 
     def describe(self, name: str, mesh: MeshSpec) -> str:
         parts = []
@@ -106,8 +105,8 @@ def gather_stats(
     group: dist.ProcessGroup,
     device: torch.device,
 ) -> StatsTable:
-    """One SUM all-reduce of a [world, params, 4] float64 table where each rank fills its row."""
-    table = torch.zeros(world_size, len(names), 4, dtype=torch.float64, device=device)
+    """One SUM all-reduce of a [world, params, 3] float64 table where each rank fills its row."""
+    table = torch.zeros(world_size, len(names), 3, dtype=torch.float64, device=device)
     for j, name in enumerate(names):
         g = grads.get(name)
         if g is None:
@@ -116,7 +115,6 @@ def gather_stats(
         table[rank, j, 0] = g.numel()
         table[rank, j, 1] = g.element_size()
         table[rank, j, 2] = pow_sum(g, norm_type)
-        table[rank, j, 3] = float(not bool(torch.isfinite(g).all()))
     dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
     t = table.cpu()
     return StatsTable(
@@ -124,7 +122,6 @@ def gather_stats(
         numel=t[:, :, 0].long().tolist(),
         itemsize=t[:, :, 1].long().tolist(),
         pow_sum=t[:, :, 2].tolist(),
-        nonfinite=t[:, :, 3].bool().tolist(),
     )
 
 
@@ -133,14 +130,14 @@ def measure_replication(
     grads: Mapping[str, torch.Tensor | None],
     stats: StatsTable,
     mesh: MeshSpec,
-    dim_groups: Mapping[str, dist.ProcessGroup],
+    axis_groups: Mapping[str, dist.ProcessGroup],
     world_group: dist.ProcessGroup | None,
     device: torch.device,
 ) -> Replication:
-    """MAX-MIN of raw bits per mesh dim, bucketed; then one MAX over the world to merge groups
+    """MAX-MIN of raw bits per mesh axis, bucketed; then one MAX over the world to merge groups
     (``world_group`` None: this rank's own view, for ``merged``)."""
     if not names:
-        return Replication({dim: {} for dim in mesh.names})
+        return Replication({axis: {} for axis in mesh.names})
     lengths = []
     for j in range(len(names)):
         words = [
@@ -172,31 +169,31 @@ def measure_replication(
         low[offsets[j] : offsets[j] + words.numel()] = words
 
     flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32, device=device)
-    for axis, dim in enumerate(mesh.names):
-        if mesh.size(dim) == 1 or not names:
+    for row, axis in enumerate(mesh.names):
+        if mesh.size(axis) == 1 or not names:
             continue
         # MAX and MIN in one collective: MIN(x) = -MAX(-x), in int64 so that negating int32 words
         # (INT32_MIN among them) cannot overflow
         both = torch.cat([high.to(torch.int64), -low.to(torch.int64)])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=dim_groups[dim])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=axis_groups[axis])
         hi, lo = both[: high.numel()], -both[high.numel():]
         spread = (hi != lo).to(torch.int32)
         # a segment nobody in the group holds stays at the sentinels: that is "absent", not a spread
         nobody = hi[torch.tensor(offsets[:-1], device=device)] == _MISSING_MAX
         per_param = torch.zeros(len(names), dtype=torch.int32, device=device)
         per_param.index_add_(0, segment, spread)
-        flags[axis] = ((per_param > 0) & ~nobody).to(torch.int32)
+        flags[row] = ((per_param > 0) & ~nobody).to(torch.int32)
     if world_group is not None:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=world_group)
     flags = flags.cpu()
     return Replication(
-        {dim: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, dim in enumerate(mesh.names)}
+        {axis: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, axis in enumerate(mesh.names)}
     )
 
 
 def merged(views: Sequence[Replication]) -> Replication:
     """The world's replication from each rank's own view (a spread any group saw): what the world
     MAX of ``measure_replication`` gives, merged where the views arrive anyway (rank 0's records)."""
-    dims = views[0].distinct if views else {}
-    return Replication({dim: {name: any(v.distinct[dim][name] for v in views) for name in names}
-                        for dim, names in dims.items()})
+    axes = views[0].distinct if views else {}
+    return Replication({axis: {name: any(v.distinct[axis][name] for v in views) for name in names}
+                        for axis, names in axes.items()})

@@ -32,14 +32,7 @@ from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skip
 from harness.clipmath import local_tensor
 from harness.spec.context import CaseContext, attach
 from harness.run.devices import settle
-from harness.run.effects import (
-    applied_coefficients,
-    canonical_nans,
-    changed_params,
-    consistent_policies,
-    sanitize,
-    snapshot_params,
-)
+from harness.run.effects import rank_effects, snapshot_params
 from harness.spec.model import local_grads
 from harness.run.measure import Replication, gather_stats, measure_replication, merged
 from harness.judge.truth import measured_norm
@@ -147,20 +140,14 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
            for s in _agree(world, "status", {"error": error, "fault": fault, "broken": broken})):
         groups = world.mesh(layout.mesh)
 
-    post, mangled = sanitize(pre, local_grads(model, names))
-    if variant.injection.nonfinite:
-        post = canonical_nans(post)
+    post, local = rank_effects(pre, local_grads(model, names), params_before,
+                               {n: local_tensor(p) for n, p in model.named_parameters()},
+                               bool(variant.injection.nonfinite))
     # the pre-call stats size the buckets: a gradient keeps its shape or was dropped as mangled
     # this rank's view only: the views travel in the records, and rank 0 merges them (one collective less)
     post_view = measure_replication(names, post, stats, layout.mesh, groups.harness_groups, None, world.device)
-    local = applied_coefficients(pre, post)
-    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
-    local["mangled"] = mangled
     local["stale_truth"] = stale_truth
     local["post_distinct"] = post_view.distinct
-    local["params_changed"] = changed_params(params_before, {n: local_tensor(p) for n, p in model.named_parameters()})
-    if variant.injection.nonfinite:
-        local["policies"] = consistent_policies(pre, post)
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                               "local": local}
     records = world.gather_json("record", record, 2 * world.timeout_s + 60)

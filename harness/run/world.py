@@ -156,18 +156,18 @@ class DistWorld:
             # work as in any training script; its groups get the case timeout like every other group
             ids = torch.arange(self.world_size).reshape(spec.sizes)
             device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
-            target = {dim: device_mesh.get_group(dim) for dim in spec.names}
+            target = {axis: device_mesh.get_group(axis) for axis in spec.names}
             for group in target.values():
                 dist.distributed_c10d._set_pg_timeout(self._timeout, group)
-            harness = {dim: self._subgroup(spec.groups(dim)) for dim in spec.names}
+            harness = {axis: self._subgroup(spec.groups(axis)) for axis in spec.names}
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, harness)
         return self._meshes[spec]
 
-    def group_over(self, spec: MeshSpec, dims: tuple[str, ...]) -> dist.ProcessGroup:
-        """A target-facing group spanning ``dims`` of ``spec`` (cached for this generation)."""
-        key = (spec, tuple(dims))
+    def group_over(self, spec: MeshSpec, axes: tuple[str, ...]) -> dist.ProcessGroup:
+        """A target-facing group spanning ``axes`` of ``spec`` (cached for this generation)."""
+        key = (spec, tuple(axes))
         if key not in self._spans:
-            self._spans[key] = self._subgroup(spec.groups(*dims))
+            self._spans[key] = self._subgroup(spec.groups(*axes))
         return self._spans[key]
 
     def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:

@@ -28,7 +28,7 @@ from harness.spec.case import CaseSpec, Variant, parse_norm_type
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
 from harness.spec.plan import UsageError
-from harness.targets.loading import is_reference
+from harness.targets.loading import is_import_path
 from harness.strategies import DrawnCase, DrawnScenario
 
 _PREFIX = "cc1."
@@ -57,13 +57,13 @@ def encode(drawn: DrawnCase, target: str) -> str:
         "norm": _num(drawn.norm_type),
         "max_norm": drawn.max_norm,
         "label": variant.label,
-        "mesh": [list(d) for d in layout.mesh.dims],
+        "mesh": [list(d) for d in layout.mesh.axes],
         "params": [
             [s.name, list(s.shape), {d: _placement(p) for d, p in s.placements},
              None if s.present_ranks is None else sorted(s.present_ranks), s.trainable]
             for s in layout
         ],
-        "declared": {n: {d: _placement(p) for d, p in dims.items()} for n, dims in variant.declared.items()},
+        "declared": {n: {d: _placement(p) for d, p in axes.items()} for n, axes in variant.declared.items()},
         "injection": {
             "seed": injection.seed, "dtype": injection.dtype, "scale": injection.scale,
             "zero": sorted(injection.zero), "none_on": {n: sorted(r) for n, r in injection.none_on},
@@ -95,7 +95,7 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
         injection = Injection(seed=inj["seed"], dtype=inj["dtype"], scale=inj["scale"], zero=frozenset(inj["zero"]),
                               none_on=tuple((n, frozenset(r)) for n, r in inj["none_on"].items()),
                               nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
-        declared = {n: {d: _unplacement(p) for d, p in dims.items()} for n, dims in doc["declared"].items()}
+        declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
         variant = Variant(doc["label"], Layout(mesh, params), injection, declared)
         world = int(doc["world"])
         if not 1 <= world <= MAX_WORLD:
@@ -114,7 +114,7 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
 def check_target_allowed(target: str, allow_target_path: bool) -> None:
     """A blob's file-path target runs that file on every rank: only when the user says so."""
     location = target.rpartition(":")[0]
-    if is_reference(target) and (location.endswith(".py") or "/" in location or os.sep in location) \
+    if is_import_path(target) and (location.endswith(".py") or "/" in location or os.sep in location) \
             and not allow_target_path:
         raise UsageError(f"the replay blob names the file {location!r} as its target, which would be executed "
                          "on every rank; pass --allow-target-path if you trust it")

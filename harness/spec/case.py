@@ -7,19 +7,21 @@ the same list in the same order (the precondition for matching collectives).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, TypeVar
 
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, LayoutError, Placement
 
 DeclaredPlan = Mapping[str, Mapping[str, Placement]]
-"""What the framework under test *believes*: parameter name -> mesh dim -> placement."""
+"""What the framework under test *believes*: parameter name -> mesh axis -> placement."""
+
+Info = TypeVar("Info")
 
 
 def declared_from_layout(layout: Layout) -> dict[str, dict[str, Placement]]:
-    """A plan that tells the truth: the layout's own placements, every mesh dim spelled out."""
-    return {spec.name: {dim: spec.placement(dim) for dim in layout.mesh.names} for spec in layout}
+    """A plan that tells the truth: the layout's own placements, every mesh axis spelled out."""
+    return {spec.name: {axis: spec.placement(axis) for axis in layout.mesh.names} for spec in layout}
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,9 @@ class Variant:
 
     ``invariance_key``: variants with equal keys hold the same unique logical gradients laid out
     differently, so any correct clip must give them the same norm and coefficient (a metamorphic
-    check). ``info`` carries scenario-specific knobs (the plan name, hybrid_shared, ...).
+    check). ``info`` is what a framework's scenario tells that framework's adapter about this
+    layout (how to wrap the model, which marks or meshes to use): a typed object defined in the
+    framework's own folder, read back with ``info_as`` (never shared string keys).
     """
 
     label: str
@@ -38,7 +42,15 @@ class Variant:
     invariance_key: str | None = None
     dtensor: bool = False
     ep_size: int | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)
+    info: Any = None
+
+    def info_as(self, kind: type[Info]) -> Info:
+        """This variant's ``info``, checked to be the adapter's expected type (a clear error when a
+        target is run on another framework's scenario)."""
+        if not isinstance(self.info, kind):
+            raise LayoutError(f"variant {self.label!r} carries {type(self.info).__name__}, not the "
+                              f"{kind.__name__} its target needs: run the target on its own scenario")
+        return self.info
 
     def __post_init__(self) -> None:
         self.injection.validate(self.layout)

@@ -28,7 +28,7 @@ _ATTRIBUTE = "_clipcheck_context"
 class CaseContext:
     """The case a model belongs to, as seen from one rank.
 
-    * ``mesh`` / ``group(dim)``: the DeviceMesh and per-dim process groups for the function under test
+    * ``mesh`` / ``group(axis)``: the DeviceMesh and per-axis process groups for the function under test
       (the default group is the whole world). The harness never shares these with its own checks.
     * ``declared``: the scenario's declared plan, i.e. what a framework believes about placements.
       It can be wrong; that is the point of several scenarios.
@@ -57,24 +57,25 @@ class CaseContext:
     def declared(self) -> DeclaredPlan:
         return self.case.variant.declared
 
-    def group(self, dim: str) -> dist.ProcessGroup:
-        self.mesh_spec.index(dim)  # a clear error for an unknown dim
-        return self.groups[dim]
+    def group(self, axis: str) -> dist.ProcessGroup:
+        self.mesh_spec.index(axis)  # a clear error for an unknown axis
+        return self.groups[axis]
 
-    def group_size(self, dim: str) -> int:
-        return self.mesh_spec.size(dim) if self.mesh_spec.has(dim) else 1
+    def group_size(self, axis: str) -> int:
+        return self.mesh_spec.size(axis) if self.mesh_spec.has(axis) else 1
 
-    def group_over(self, dims: tuple[str, ...]) -> dist.ProcessGroup:
-        """A process group spanning several mesh dims at once (e.g. ``("ep", "tp")`` for an expert
-        model-parallel group). Built on first use and cached; every rank must ask in the same order."""
+    def group_over(self, axes: tuple[str, ...]) -> dist.ProcessGroup:
+        """A process group spanning several mesh axes at once (e.g. ``(MeshAxis.EP, MeshAxis.TP)``
+        for an expert model-parallel group). Built on first use and cached; every rank must ask in
+        the same order."""
         assert self.world is not None, "group_over needs a harness world"
-        return self.world.group_over(self.mesh_spec, dims)
+        return self.world.group_over(self.mesh_spec, axes)
 
     def param_spec(self, name: str) -> ParamSpec:
         return self.layout.param(name)
 
-    def declared_placement(self, name: str, dim: str) -> Placement:
-        return self.declared.get(name, {}).get(dim, Replicate())
+    def declared_placement(self, name: str, axis: str) -> Placement:
+        return self.declared.get(name, {}).get(axis, Replicate())
 
     def true_replica_count(self, name: str) -> int:
         """Ranks holding the same slice of ``name`` as this rank, by the true layout."""

@@ -5,11 +5,12 @@ measures or expects (which ranks hold a replica, how many times a value must be 
 float64 norm is) is derived from it, and nothing here talks to a process group, so layouts can be
 built, validated and reasoned about before any process is launched.
 
-Conventions follow torch's DeviceMesh: mesh dims are ordered outermost first and ranks are laid out
-row-major (the last dim varies fastest). A parameter names, per mesh dim, how its logical tensor is
-placed along that dim: ``Shard(d)`` splits logical dim ``d`` evenly over the dim's coordinates,
-``Replicate()`` gives every coordinate the same slice. Several mesh dims may shard the same logical
-dim; they nest in mesh order (``ep`` then ``ep_fsdp`` on dim 0 splits experts first).
+Conventions follow torch's DeviceMesh: mesh axes are ordered outermost first and ranks are laid out
+row-major (the last axis varies fastest). A parameter names, per mesh axis, how its logical tensor is
+placed along that axis: ``Shard(d)`` splits the tensor's dim ``d`` evenly over the axis's
+coordinates, ``Replicate()`` gives every coordinate the same slice. Several mesh axes may shard the
+same tensor dim; they nest in mesh order (``ep`` then ``ep_fsdp`` on dim 0 splits experts first).
+("Axis" is always the mesh's, "dim" always the tensor's; the axis names are in ``axes.MeshAxis``.)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class LayoutError(ClipcheckInputError):
 
 @dataclass(frozen=True)
 class Shard:
-    """Split logical tensor dim ``dim`` evenly over the coordinates of a mesh dim."""
+    """Split logical tensor dim ``dim`` evenly over the coordinates of a mesh axis."""
 
     dim: int
 
@@ -36,7 +37,7 @@ class Shard:
 
 @dataclass(frozen=True)
 class Replicate:
-    """Every coordinate of a mesh dim holds the same slice."""
+    """Every coordinate of a mesh axis holds the same slice."""
 
     def __str__(self) -> str:
         return "Replicate()"
@@ -49,54 +50,54 @@ Box = tuple[tuple[int, int], ...]
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """Named mesh dims and their sizes; the product is the world size it needs."""
+    """Named mesh axes and their sizes; the product is the world size it needs."""
 
-    dims: tuple[tuple[str, int], ...]
+    axes: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
-        names = [name for name, _ in self.dims]
+        names = [name for name, _ in self.axes]
         if not names:
-            raise LayoutError("a mesh needs at least one dim")
+            raise LayoutError("a mesh needs at least one axis")
         if len(set(names)) != len(names):
-            raise LayoutError(f"mesh dim names must be unique, got {names}")
-        for name, size in self.dims:
+            raise LayoutError(f"mesh axis names must be unique, got {names}")
+        for name, size in self.axes:
             if not name or not name.replace("_", "").isalnum():
-                raise LayoutError(f"mesh dim name {name!r} must be a non-empty identifier")
+                raise LayoutError(f"mesh axis name {name!r} must be a non-empty identifier")
             if not isinstance(size, int) or size < 1:
-                raise LayoutError(f"mesh dim {name!r} must have a positive integer size, got {size!r}")
+                raise LayoutError(f"mesh axis {name!r} must have a positive integer size, got {size!r}")
 
     @classmethod
     def of(cls, **sizes: int) -> "MeshSpec":
-        """``MeshSpec.of(ep=4, ep_fsdp=1)``: dims in keyword order, outermost first."""
+        """``MeshSpec.of(ep=4, ep_fsdp=1)``: axes in keyword order, outermost first."""
         return cls(tuple(sizes.items()))
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.dims)
+        return tuple(name for name, _ in self.axes)
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return tuple(size for _, size in self.dims)
+        return tuple(size for _, size in self.axes)
 
     @property
     def world_size(self) -> int:
         return math.prod(self.sizes)
 
-    def size(self, dim: str) -> int:
-        return self.sizes[self.index(dim)]
+    def size(self, axis: str) -> int:
+        return self.sizes[self.index(axis)]
 
-    def index(self, dim: str) -> int:
+    def index(self, axis: str) -> int:
         try:
-            return self.names.index(dim)
+            return self.names.index(axis)
         except ValueError:
-            raise LayoutError(f"mesh has no dim {dim!r} (dims: {', '.join(self.names)})") from None
+            raise LayoutError(f"mesh has no axis {axis!r} (axes: {', '.join(self.names)})") from None
 
-    def has(self, dim: str) -> bool:
-        return dim in self.names
+    def has(self, axis: str) -> bool:
+        return axis in self.names
 
     def check_world(self, world_size: int) -> None:
         if self.world_size != world_size:
-            product = " x ".join(f"{n}={s}" for n, s in self.dims)
+            product = " x ".join(f"{n}={s}" for n, s in self.axes)
             raise LayoutError(
                 f"mesh {product} needs {self.world_size} ranks, but the world has {world_size}"
             )
@@ -116,33 +117,33 @@ class MeshSpec:
             rank = rank * size + c
         return rank
 
-    def groups(self, *dims: str) -> list[list[int]]:
-        """Every process group along ``dims``: ranks that differ only in those dims' coordinates
-        (one dim: a mesh dim's groups; several: groups spanning them, e.g. expert model parallel)."""
-        axes = {self.index(dim) for dim in dims}
+    def groups(self, *axes: str) -> list[list[int]]:
+        """Every process group along ``axes``: ranks that differ only in those axes' coordinates
+        (one axis: its groups; several: groups spanning them, e.g. expert model parallel)."""
+        along = {self.index(axis) for axis in axes}
         seen: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.world_size):
-            key = tuple(c for a, c in enumerate(self.coordinate(rank)) if a not in axes)
+            key = tuple(c for a, c in enumerate(self.coordinate(rank)) if a not in along)
             seen.setdefault(key, []).append(rank)
         return list(seen.values())
 
     def ranks_where(self, **coords: int) -> frozenset[int]:
-        """Ranks whose coordinate on each named dim equals the given value."""
-        axes = {self.index(dim): value for dim, value in coords.items()}
+        """Ranks whose coordinate on each named axis equals the given value."""
+        wanted = {self.index(axis): value for axis, value in coords.items()}
         return frozenset(
             r for r in range(self.world_size)
-            if all(self.coordinate(r)[a] == v for a, v in axes.items())
+            if all(self.coordinate(r)[a] == v for a, v in wanted.items())
         )
 
     def describe(self) -> str:
-        return " ".join(f"{name}={size}" for name, size in self.dims)
+        return " ".join(f"{name}={size}" for name, size in self.axes)
 
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One logical parameter: its full shape and its true placement on every mesh dim.
+    """One logical parameter: its full shape and its true placement on every mesh axis.
 
-    ``placements`` may omit mesh dims; an omitted dim means Replicate. ``present_ranks`` restricts
+    ``placements`` may omit mesh axes; an omitted axis means Replicate. ``present_ranks`` restricts
     the ranks that hold the parameter at all (a pipeline stage or an EP rank that owns no expert);
     ``None`` means every rank. Frozen (``trainable=False``) parameters get no gradient.
     """
@@ -162,9 +163,9 @@ class ParamSpec:
         if self.present_ranks is not None:
             object.__setattr__(self, "present_ranks", frozenset(self.present_ranks))
 
-    def placement(self, dim: str) -> Placement:
+    def placement(self, axis: str) -> Placement:
         for name, placement in self.placements:
-            if name == dim:
+            if name == axis:
                 return placement
         return Replicate()
 
@@ -214,15 +215,15 @@ class Layout:
         for spec in self.params:
             if any(s < 1 for s in spec.shape):
                 raise LayoutError(f"parameter {spec.name!r} has an empty dim in shape {spec.shape}")
-            for dim, placement in spec.placements:
-                if not self.mesh.has(dim):
+            for axis, placement in spec.placements:
+                if not self.mesh.has(axis):
                     raise LayoutError(
-                        f"parameter {spec.name!r} is placed on mesh dim {dim!r}, which the mesh "
-                        f"does not have (mesh dims: {', '.join(self.mesh.names)})"
+                        f"parameter {spec.name!r} is placed on mesh axis {axis!r}, which the mesh "
+                        f"does not have (mesh axes: {', '.join(self.mesh.names)})"
                     )
                 if isinstance(placement, Shard) and not 0 <= placement.dim < len(spec.shape):
                     raise LayoutError(
-                        f"parameter {spec.name!r}: {placement} on mesh dim {dim!r} is out of range "
+                        f"parameter {spec.name!r}: {placement} on mesh axis {axis!r} is out of range "
                         f"for a tensor of {len(spec.shape)} dims {spec.shape}"
                     )
                 if not isinstance(placement, (Shard, Replicate)):
@@ -232,14 +233,14 @@ class Layout:
 
     def _validate_divisibility(self, spec: ParamSpec) -> None:
         extent = list(spec.shape)
-        for dim, size in self.mesh.dims:
-            placement = spec.placement(dim)
+        for axis, size in self.mesh.axes:
+            placement = spec.placement(axis)
             if isinstance(placement, Shard):
                 d = placement.dim
                 if extent[d] % size:
                     raise LayoutError(
                         f"parameter {spec.name!r}: logical dim {d} has {extent[d]} elements "
-                        f"(after outer shardings), not divisible by mesh dim {dim!r} of size {size}"
+                        f"(after outer shardings), not divisible by mesh axis {axis!r} of size {size}"
                     )
                 extent[d] //= size
 
@@ -282,8 +283,8 @@ class Layout:
     def _box(self, spec: ParamSpec, rank: int) -> Box:
         coord = self.mesh.coordinate(rank)
         ranges = [[0, s] for s in spec.shape]
-        for (dim, size), c in zip(self.mesh.dims, coord):
-            placement = spec.placement(dim)
+        for (axis, size), c in zip(self.mesh.axes, coord):
+            placement = spec.placement(axis)
             if isinstance(placement, Shard):
                 start, stop = ranges[placement.dim]
                 step = (stop - start) // size

@@ -24,10 +24,10 @@ from harness.spec.layout import Layout, MeshSpec, Placement, Shard
 
 
 def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:
-    """Our placements, in mesh-dim order, as torch DTensor placements."""
+    """Our placements, in mesh-axis order, as torch DTensor placements."""
     out = []
-    for dim in mesh.names:
-        p = placements.get(dim)
+    for axis in mesh.names:
+        p = placements.get(axis)
         out.append(TorchShard(p.dim) if isinstance(p, Shard) else TorchReplicate())
     return tuple(out)
 

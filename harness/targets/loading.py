@@ -14,7 +14,9 @@ class LoadError(ClipcheckInputError):
     """A ``module:attr`` or ``file.py:attr`` reference that cannot be resolved."""
 
 
-def is_reference(text: str) -> bool:
+def is_import_path(text: str) -> bool:
+    """Whether a target or scenario name is a ``module:attr`` / ``file.py:attr`` string to load,
+    rather than the name of a built-in (built-in names never contain a colon)."""
     return ":" in text
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.targets.builtin_scenarios import scenarios_package
-from harness.targets.loading import LoadError, is_reference, load_object
+from harness.targets.loading import LoadError, is_import_path, load_object
 from harness.spec.scenario import Scenario
 from harness.targets.target import BUILTIN_TARGETS, Target
 
@@ -17,7 +17,7 @@ def resolve_scenario(name: str) -> Scenario:
     known = builtin_scenarios()
     if name in known:
         return known[name]
-    if is_reference(name):
+    if is_import_path(name):
         obj = load_object(name)
         scenario = obj() if isinstance(obj, type) else obj
         if not isinstance(scenario, Scenario):

@@ -19,7 +19,7 @@ from harness import reference
 from harness.clipmath import local_tensor, trainable_with_grads
 from harness.spec.context import context
 from harness.targets.frameworks import Framework
-from harness.targets.loading import LoadError, is_reference, load_object
+from harness.targets.loading import LoadError, is_import_path, load_object
 from harness.spec.model import torch_placements
 
 ClipFn = Callable[..., Any]
@@ -119,7 +119,7 @@ def resolve_target(name: str, registered: Mapping[str, Target]) -> Target:
     """A registered name, or ``module:function`` / ``path/to/file.py:function``."""
     if name in registered:
         return registered[name]
-    if is_reference(name):
+    if is_import_path(name):
         try:
             fn = load_object(name)
         except LoadError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext, context
 from harness.run.devices import accelerator_for
 from harness.targets.target import Target
@@ -56,7 +57,7 @@ def _prepare_groups(ctx: CaseContext) -> None:
 
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
     generation = ctx.world.generation if ctx.world is not None else -1
-    key = (generation, ctx.group_size("ep"))
+    key = (generation, ctx.group_size(MeshAxis.EP))
     built = _BUILT.get(key)
     if built is not None:
         for name, value in built.items():
@@ -66,7 +67,7 @@ def _prepare_groups(ctx: CaseContext) -> None:
         setattr(groups, name, {})
     for name in _GROUP_CACHES_NONE:
         setattr(groups, name, None)
-    groups._create_expert_and_data_parallel(ctx.group_size("ep"))  # collective: every rank
+    groups._create_expert_and_data_parallel(ctx.group_size(MeshAxis.EP))  # collective: every rank
     groups._get_data_parallel_group()  # its first call builds a group: every rank, now
     for stale in [k for k in _BUILT if k[0] != generation]:  # groups of an ended generation
         del _BUILT[stale]

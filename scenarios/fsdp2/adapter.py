@@ -16,26 +16,30 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.spec.model import parameter_values
 from harness.targets.target import Target
 
+from .scenario import CASE, WORLD, FsdpWrapping
+
 
 def _mesh(kind: str, ctx: CaseContext) -> tuple[DeviceMesh, int]:
     """The mesh an FSDP unit shards over, and how many shards its sharded dim is cut into."""
-    if kind == "world":
+    if kind == WORLD:
         assert dist.group.WORLD is not None  # a case runs in an initialized world
-        mesh = DeviceMesh.from_group(dist.group.WORLD, ctx.device.type, mesh_dim_names=("fsdp",))
+        mesh = DeviceMesh.from_group(dist.group.WORLD, ctx.device.type, mesh_dim_names=(MeshAxis.FSDP,))
         return mesh, ctx.world_size
-    if kind == "case":  # HSDP: replicate over the outer dims, shard over the last
+    if kind == CASE:  # HSDP: replicate over the outer axes, shard over the last
         return ctx.mesh, ctx.mesh_spec.sizes[-1]
     return ctx.mesh[kind], ctx.group_size(kind)
 
 
 def dress(model: nn.Module, ctx: CaseContext) -> None:
-    for path, kind, dim in ctx.case.variant.info["fsdp_units"]:
+    for unit in ctx.case.variant.info_as(FsdpWrapping).units:
+        path, dim = unit.path, unit.shard_dim
         module = model.get_submodule(path) if path else model
-        mesh, shards = _mesh(kind, ctx)
+        mesh, shards = _mesh(unit.mesh, ctx)
         for name, p in list(module.named_parameters()):
             if isinstance(p, DTensor):  # already sharded by an inner unit
                 continue

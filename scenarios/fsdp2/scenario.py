@@ -8,21 +8,41 @@
   cannot combine DTensors from two meshes and raises; the harness reports that error as the case's
   outcome (torch issue #180346).
 
-``Variant.info["fsdp_units"]`` says how the model is wrapped: (module path, mesh, shard dim), inner
-units first; mesh ``"world"`` is a flat mesh over all ranks, ``"case"`` the case's own mesh (HSDP),
-any other name one dim of the case mesh.
+``Variant.info`` (an ``FsdpWrapping``) says how the model is wrapped: its units, inner first, each a
+module path, the mesh it shards over and the tensor dim it shards.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant, declared_from_layout
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
 from harness.spec.scenario import Scenario, ScenarioOptions
 
 ROWS_PER_RANK, COLS, EXPERTS = 4, 12, 4
+
+WORLD, CASE = "world", "case"
+"""Unit meshes that are not one axis of the case mesh: a flat mesh over all ranks, or the case's own
+(2-D, HSDP) mesh."""
+
+
+@dataclass(frozen=True)
+class FsdpUnit:
+    """One ``fully_shard`` call: the module (``""`` the root), its mesh (``WORLD``, ``CASE`` or an axis
+    of the case mesh) and the tensor dim FSDP shards its parameters on."""
+
+    path: str
+    mesh: str
+    shard_dim: int
+
+
+@dataclass(frozen=True)
+class FsdpWrapping:
+    units: tuple[FsdpUnit, ...]  # inner units first, as a training script wraps them
 
 
 class FSDP2Meshes(Scenario):
@@ -36,17 +56,17 @@ class FSDP2Meshes(Scenario):
         rows = ROWS_PER_RANK * world_size
         out = []
 
-        def add(label: str, layout: Layout, units: list[tuple[str, str, int]], key: str) -> None:
+        def add(label: str, layout: Layout, units: tuple[FsdpUnit, ...], key: str) -> None:
             out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=injection,
                                declared=declared_from_layout(layout), invariance_key=key,
-                               info={"fsdp_units": units}))
+                               info=FsdpWrapping(units)))
 
         flat = MeshSpec.of(dp=world_size)
         add("fsdp", Layout(flat, (
             param("layers.0.weight", (rows, COLS), dp=Shard(0)),
             param("layers.0.bias", (rows,), dp=Shard(0)),
             param("layers.1.weight", (rows, COLS), dp=Shard(0)),
-        )), [("", "world", 0)], "fsdp2-dense")
+        )), (FsdpUnit("", WORLD, 0),), "fsdp2-dense")
         if world_size % 2 == 0:
             shard = world_size // 2
             hsdp = MeshSpec.of(dp_replicate=2, dp_shard=shard)
@@ -54,13 +74,13 @@ class FSDP2Meshes(Scenario):
                 param(name, shape, dp_replicate=Replicate(), dp_shard=Shard(0))
                 for name, shape in (("layers.0.weight", (rows, COLS)), ("layers.0.bias", (rows,)),
                                     ("layers.1.weight", (rows, COLS)))
-            )), [("", "case", 0)], "fsdp2-dense")
+            )), (FsdpUnit("", CASE, 0),), "fsdp2-dense")
             ep = 2
             mixed = MeshSpec.of(ep=ep, ep_fsdp=world_size // ep)
-            both: dict[str, Any] = {"ep": Shard(0), "ep_fsdp": Shard(0)}  # the flat world mesh, in mesh order
+            both: dict[str, Any] = {MeshAxis.EP: Shard(0), MeshAxis.EP_FSDP: Shard(0)}  # the flat world mesh
             add("mixed meshes", Layout(mixed, (
                 param("layers.0.weight", (rows, COLS), **both),
                 param("layers.0.bias", (rows,), **both),
                 param("moe.experts.w1", (EXPERTS, 2 * world_size, COLS), ep=Shard(0), ep_fsdp=Shard(1)),
-            )), [("moe.experts", "ep_fsdp", 1), ("", "world", 0)], "fsdp2-mixed")
+            )), (FsdpUnit("moe.experts", MeshAxis.EP_FSDP, 1), FsdpUnit("", WORLD, 0)), "fsdp2-mixed")
         return out

@@ -28,10 +28,13 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from harness.spec.context import CaseContext, context
 from harness.run.devices import accelerator_for
+from harness.spec.axes import MeshAxis
+from harness.spec.context import CaseContext, context
 from harness.targets.target import Target
+
 from .framework import FRAMEWORK as MEGATRON
+from .scenario import MegatronMarks, ParamMarks
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -55,9 +58,9 @@ def cuda_on_cpu(device: torch.device) -> Iterator[None]:
 
 
 def dress(model: nn.Module, ctx: CaseContext) -> None:
-    marks = ctx.case.variant.info["megatron_marks"]
+    marks = ctx.case.variant.info_as(MegatronMarks).of
     for name, p in model.named_parameters():
-        for attribute, value in marks.get(name, {}).items():
+        for attribute, value in marks.get(name, ParamMarks()).attributes().items():
             setattr(p, attribute, value)
 
 
@@ -68,7 +71,7 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> float:
     from megatron.core.transformer.module import param_is_not_shared
 
     ctx = context(model)
-    tp = ctx.group("tp")
+    tp = ctx.group(MeshAxis.TP)
     params = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
 
     def for_norm(selected: list[nn.Parameter]) -> list[torch.Tensor]:
@@ -81,7 +84,7 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> float:
         p.decoupled_grad = p.grad  # type: ignore[attr-defined]  # read by Megatron's use_decoupled_grad
     with cuda_on_cpu(ctx.device):
         dense_norm = get_grad_norm_fp32(for_norm(dense), grad_stats_parallel_group=tp)
-        expert_norm = get_grad_norm_fp32(for_norm(experts), grad_stats_parallel_group=ctx.group_over(("ep", "tp")))
+        expert_norm = get_grad_norm_fp32(for_norm(experts), grad_stats_parallel_group=ctx.group_over((MeshAxis.EP, MeshAxis.TP)))
         total = math.sqrt(dense_norm**2 + expert_norm**2)
         clip_grad_by_total_norm_fp32(params, max_norm, total, use_decoupled_grad=True)
     return total

@@ -10,11 +10,15 @@ all-reduced, identical data-parallel gradients).
 Two markings of the experts: ``experts marked TP`` (the control) and, with tp > 1, ``experts unmarked
 (grouped GEMM)``: the grouped-GEMM expert weights that megatron-core 0.16.1 did not mark
 ``tensor_model_parallel``, so its TP-duplicate filter keeps only TP rank 0's expert shards (fixed by
-Megatron-LM PR #5916). The marks each parameter gets are in ``Variant.info["megatron_marks"]``.
+Megatron-LM PR #5916). The marks each parameter gets are in ``Variant.info`` (``MegatronMarks``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Mapping
+
+from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant, declared_from_layout
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Shard, param
@@ -36,18 +40,38 @@ def megatron_layout(world_size: int, ep: int, tp: int) -> Layout:
     ))
 
 
-def megatron_marks(layout: Layout, experts_marked: bool) -> dict[str, dict[str, object]]:
-    marks: dict[str, dict[str, object]] = {}
+@dataclass(frozen=True)
+class ParamMarks:
+    """The attributes Megatron reads off a parameter: ``partition_dim`` set means marked
+    ``tensor_model_parallel`` (with stride 1); ``expert`` means ``allreduce = False``."""
+
+    partition_dim: int | None = None
+    expert: bool = False
+
+    def attributes(self) -> dict[str, object]:
+        """What Megatron's own layers would have set on the parameter, and nothing else."""
+        out: dict[str, object] = {}
+        if self.partition_dim is not None:
+            out.update(tensor_model_parallel=True, partition_dim=self.partition_dim, partition_stride=1)
+        if self.expert:
+            out["allreduce"] = False
+        return out
+
+
+@dataclass(frozen=True)
+class MegatronMarks:
+    of: Mapping[str, ParamMarks]
+
+
+def megatron_marks(layout: Layout, experts_marked: bool) -> MegatronMarks:
+    marks: dict[str, ParamMarks] = {}
     for spec in layout:
-        tp = spec.placement("tp")
+        tp = spec.placement(MeshAxis.TP)
         expert = ".experts." in spec.name
-        mark: dict[str, object] = {}
-        if isinstance(tp, Shard) and (experts_marked or not expert):
-            mark.update(tensor_model_parallel=True, partition_dim=tp.dim - (1 if expert else 0), partition_stride=1)
-        if expert:
-            mark["allreduce"] = False
-        marks[spec.name] = mark
-    return marks
+        marked = isinstance(tp, Shard) and (experts_marked or not expert)
+        marks[spec.name] = ParamMarks(tp.dim - (1 if expert else 0) if marked and isinstance(tp, Shard) else None,
+                                      expert)
+    return MegatronMarks(marks)
 
 
 class MegatronMoETP(Scenario):
@@ -71,6 +95,6 @@ class MegatronMoETP(Scenario):
                         declared=declared_from_layout(layout),
                         invariance_key=f"megatron-tp{tp}",
                         ep_size=ep,
-                        info={"megatron_marks": megatron_marks(layout, marked)},
+                        info=megatron_marks(layout, marked),
                     ))
         return out

@@ -2,7 +2,7 @@
 ``(efsdp, ep)`` mesh, all as DTensors.
 
 torchtitan's EP clip (``clip_grad_norm_(..., ep_enabled=True)``) splits parameters by whether their
-DTensor mesh has an ``ep`` dim and lets DTensor placements do every reduction. It is exact when the
+DTensor mesh has an ``ep`` axis and lets DTensor placements do every reduction. It is exact when the
 placements are honest, and only then. Layouts:
 
 * ``honest``: every DTensor placement is the truth (the control).
@@ -13,15 +13,17 @@ placements are honest, and only then. Layouts:
   expert modules do in xorl/VeOmni; DTensor cannot know about the EP dimension, so each EP rank sees
   only its own experts.
 
-Where each parameter's DTensor lives is recorded in ``Variant.info["dtensor_mesh"]`` (``dense``: a
-1-D mesh over all ranks; ``sparse``: the case mesh; ``efsdp``: its efsdp sub-mesh); the torchtitan
+Where each parameter's DTensor lives is recorded in ``Variant.info`` (a ``DTensorMeshes``: ``DENSE``,
+a 1-D mesh over all ranks; ``SPARSE``, the case mesh; or one axis of it, ``efsdp``); the torchtitan
 adapter builds the DTensors from that and the declared placements.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
+from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant, declared_from_layout
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
@@ -30,10 +32,21 @@ from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
 NUM_EXPERTS, DIM, HIDDEN, RANK = 8, 16, 8, 32
 PREFIX = "layers.0."
 
+DENSE, SPARSE = "dense", "sparse"
+"""A DTensor mesh that is not one axis of the case mesh: torchtitan's flat FSDP mesh over all ranks,
+or the case's own (efsdp, ep) mesh."""
+
+
+@dataclass(frozen=True)
+class DTensorMeshes:
+    """Per parameter: the mesh its DTensor lives on (``DENSE``, ``SPARSE`` or an axis name)."""
+
+    of: Mapping[str, str]
+
 
 def _layout(world_size: int, ep: int, lying: bool) -> Layout:
     mesh = MeshSpec.of(efsdp=world_size // ep, ep=ep)
-    everywhere: dict[str, Any] = {"efsdp": Shard(0), "ep": Shard(0)}  # FSDP over all ranks: nested dim-0 sharding
+    everywhere: dict[str, Any] = {MeshAxis.EFSDP: Shard(0), MeshAxis.EP: Shard(0)}  # FSDP over all ranks: nested dim-0 sharding
     dense_rows = 2 * world_size
     shared_lead = ep if lying else 1
     return Layout(mesh, (
@@ -65,14 +78,14 @@ class TorchtitanEP(Scenario):
                 declared = declared_from_layout(layout)
                 meshes = {}
                 for spec in layout:
-                    meshes[spec.name] = "sparse" if ".moe.experts." in spec.name or "shared" in spec.name else "dense"
+                    meshes[spec.name] = SPARSE if ".moe.experts." in spec.name or "shared" in spec.name else DENSE
                 if kind == "placement lies":
-                    declared[PREFIX + "moe.shared_lora_A"]["ep"] = Replicate()
+                    declared[PREFIX + "moe.shared_lora_A"][MeshAxis.EP] = Replicate()
                 if kind == "experts without ep dim":
                     for spec in layout:
                         if ".moe.experts." in spec.name:
-                            meshes[spec.name] = "efsdp"
-                            declared[spec.name] = {"efsdp": declared[spec.name]["efsdp"]}
+                            meshes[spec.name] = MeshAxis.EFSDP
+                            declared[spec.name] = {MeshAxis.EFSDP: declared[spec.name][MeshAxis.EFSDP]}
                 out.append(Variant(
                     label=f"{layout.describe()} {kind}",
                     layout=layout,
@@ -80,6 +93,6 @@ class TorchtitanEP(Scenario):
                     declared=declared,
                     invariance_key=None if kind == "placement lies" else "titan",
                     ep_size=ep,
-                    info={"dtensor_mesh": meshes},
+                    info=DTensorMeshes(meshes),
                 ))
         return out

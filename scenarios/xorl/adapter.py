@@ -22,9 +22,12 @@ import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
+from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.targets.target import Target
+
 from .framework import FRAMEWORK as XORL
+from .scenario import XorlSetup
 
 EXPERTS_PATH = "model.layers.0.mlp"
 
@@ -34,14 +37,14 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
     from xorl.distributed.torch_parallelize import _build_ep_param_groups
     from xorl.models.layers.moe.lora import MoEExpertsLoRA, MoELoRAConfig
 
-    info = ctx.case.variant.info
-    ep = ctx.group_size("ep")
+    setup = ctx.case.variant.info_as(XorlSetup)
+    ep = ctx.group_size(MeshAxis.EP)
     prefix = f"{EXPERTS_PATH}.experts."
     experts_count, hidden, _ = ctx.layout.param(prefix + "gate_up_proj").shape
     intermediate = ctx.layout.param(prefix + "down_proj").shape[1]
     rank = ctx.layout.param(prefix + "gate_proj_lora_B").shape[1]
     parallel_state._PARALLEL_STATE = SimpleNamespace(
-        ep_enabled=True, ep_size=ep, ep_group=ctx.group("ep"), ep_fsdp_device_mesh=ctx.mesh,
+        ep_enabled=True, ep_size=ep, ep_group=ctx.group(MeshAxis.EP), ep_fsdp_device_mesh=ctx.mesh,
         fsdp_group=None, tp_enabled=False, tp_group=None,
     )
     experts = MoEExpertsLoRA(
@@ -49,14 +52,14 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
         hidden_dim=hidden,
         intermediate_size=intermediate,
         moe_implementation="native",
-        lora_config=MoELoRAConfig(r=rank, lora_alpha=2 * rank, hybrid_shared=info["hybrid_shared"],
+        lora_config=MoELoRAConfig(r=rank, lora_alpha=2 * rank, hybrid_shared=setup.hybrid_shared,
                                   target_modules=["gate_proj", "up_proj", "down_proj"]),
         num_local_experts=experts_count // ep,
     ).to(dtype=ctx.case.injection.torch_dtype, device=ctx.device)
     model.get_submodule(EXPERTS_PATH).experts = experts
-    plan = importlib.import_module(f"xorl.models.transformers.{info['plan']}.parallelize").get_ep_plan()
+    plan = importlib.import_module(f"xorl.models.transformers.{setup.plan}.parallelize").get_ep_plan()
     model._fqn2spec_info = plan.apply(model, ctx.mesh, already_local=True)
-    fully_shard(experts, mesh=ctx.mesh["ep_fsdp"], shard_placement_fn=lambda _p: Shard(1))
+    fully_shard(experts, mesh=ctx.mesh[MeshAxis.EP_FSDP], shard_placement_fn=lambda _p: Shard(1))
     _build_ep_param_groups(model)
 
 

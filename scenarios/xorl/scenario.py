@@ -29,12 +29,14 @@ Replicate, and the seed's fix, which keys on the same leading dim, cannot tell t
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
 from typing import Iterable, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant
 from harness.clipmath import (
     clip_coefficient,
@@ -67,6 +69,16 @@ EP_PLANS: dict[str, tuple[str, ...]] = {
     "qwen3_moe": tuple(f"*.mlp.experts.{n}" for n in BASE_WEIGHTS + LORA_FACTORS),
     "minimax_m3": tuple(f"*.mlp.experts.{n}" for n in BASE_WEIGHTS),
 }
+
+
+@dataclass(frozen=True)
+class XorlSetup:
+    """What the xorl adapter builds for a variant: the model folder whose ``get_ep_plan()`` it applies
+    (a key of ``EP_PLANS``), whether the LoRA factors are hybrid-shared, and the expert count."""
+
+    plan: str
+    hybrid_shared: bool
+    experts: int
 
 
 def _factor_shape(name: str, experts: int, hybrid_shared: bool) -> tuple[int, int, int]:
@@ -108,7 +120,7 @@ def apply_ep_plan(layout: Layout, patterns: Iterable[str]) -> dict[str, dict[str
             on_ep: Placement = Replicate() if layout.local_shape(spec)[0] == 1 else Shard(0)
         else:
             on_ep = Replicate()
-        declared[spec.name] = {"ep": on_ep, "ep_fsdp": Shard(1)}
+        declared[spec.name] = {MeshAxis.EP: on_ep, MeshAxis.EP_FSDP: Shard(1)}
     return declared
 
 
@@ -142,7 +154,7 @@ class XorlEPLoRA(Scenario):
             declared=apply_ep_plan(layout, EP_PLANS[plan]),
             invariance_key=f"xorl-lora-E{experts}-hybrid{hybrid}",
             ep_size=ep,
-            info={"plan": plan, "hybrid_shared": hybrid, "experts": experts},
+            info=XorlSetup(plan, hybrid, experts),
         )
 
 
@@ -159,15 +171,15 @@ def _xorl_style(model: nn.Module, max_norm: float, norm_type: float, require_lea
     for name, p in params:
         assert p.grad is not None  # trainable_with_grads
         part = pow_sum(p.grad, norm_type)
-        if _is_ep_replicated(ctx.declared_placement(name, "ep"), local_tensor(p), require_leading_one):
+        if _is_ep_replicated(ctx.declared_placement(name, MeshAxis.EP), local_tensor(p), require_leading_one):
             replicated = combine(replicated, part, norm_type)
         else:
             sharded = combine(sharded, part, norm_type)
     buckets = torch.tensor([sharded, replicated], dtype=torch.float64, device=ctx.device)
-    for dim in ("ep_fsdp", "ep"):
-        dist.all_reduce(buckets, op=reduce_op(norm_type), group=ctx.group(dim))
+    for axis in (MeshAxis.EP_FSDP, MeshAxis.EP):
+        dist.all_reduce(buckets, op=reduce_op(norm_type), group=ctx.group(axis))
     if not is_inf_norm(norm_type):
-        buckets[1] /= ctx.group_size("ep")  # the "replicated" bucket: summed over ep, then averaged
+        buckets[1] /= ctx.group_size(MeshAxis.EP)  # the "replicated" bucket: summed over ep, then averaged
     total = root(combine(float(buckets[0]), float(buckets[1]), norm_type), norm_type)
     scale_grads_((p for _, p in params), clip_coefficient(max_norm, total))
     return torch.tensor(total, dtype=torch.float64)

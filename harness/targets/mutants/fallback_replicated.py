@@ -1,7 +1,7 @@
 """Replicated by fallback: trusts the declared plan's Replicate placements (xorl's ep_replicated group).
 
 A parameter the plan does not enumerate gets a fallback Replicate, which is then read as proof that
-every rank of that dim holds a copy; its contribution is divided by the dim's size. Exact when the
+every rank of that axis holds a copy; its contribution is divided by the axis size. Exact when the
 plan tells the truth, 1/sqrt(k) low on whatever it forgot.
 """
 

@@ -7,6 +7,7 @@ ROCm TransformerEngine #715, xorl's non-EP bucket): the norm comes out sqrt(tp) 
 import torch
 import torch.nn as nn
 
+from harness.spec.axes import MeshAxis
 from harness.clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
 from harness.spec.context import CaseContext, context
 
@@ -15,9 +16,9 @@ def _copies_within_my_tp_slice(ctx: CaseContext, name: str) -> int:
     layout, mesh = ctx.layout, ctx.mesh_spec
     spec = layout.param(name)
     box = layout.local_box(spec, ctx.rank)
-    if not mesh.has("tp"):
+    if not mesh.has(MeshAxis.TP):
         return ctx.true_replica_count(name)
-    axis = mesh.index("tp")
+    axis = mesh.index(MeshAxis.TP)
     mine = mesh.coordinate(ctx.rank)[axis]
     assert box is not None  # the rank-local model has only the parameters this rank holds
     return sum(1 for r in layout.holders(spec, box) if mesh.coordinate(r)[axis] == mine)
