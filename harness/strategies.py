@@ -12,7 +12,9 @@ to the ranks of a warm world, shrunk by hypothesis, and encoded into a replay bl
 
 What gets drawn:
 
-* a mesh ``(fsdp, ep, tp)`` whose sizes multiply to the world size (sizes of 1 included);
+* a mesh ``(fsdp, ep, tp)`` whose sizes multiply to the world size (sizes of 1 included), sometimes
+  with one more axis: ``pp`` (each parameter on one stage, or tied between the first and the last),
+  ``dp_replicate`` (HSDP replicas) or ``cp`` (context-parallel replicas);
 * 1 to 5 parameters, each one of: a dense matrix (FSDP-sharded or replicated, TP-sharded or
   TP-replicated), stacked experts ``[E, a, b]`` sharded over ``ep``, a shared LoRA factor
   ``[1, a, b]`` replicated over ``ep``, or a per-expert module living only on the ranks of its owner
@@ -68,11 +70,35 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+EXTRA_AXES = (None, MeshAxis.PP, MeshAxis.CP, MeshAxis.DP_REPLICATE)
+"""At most one axis beside (fsdp, ep, tp): pipeline stages (outermost), HSDP replicas (outermost) or
+context-parallel replicas (after fsdp). None first: hypothesis shrinks towards the plain mesh."""
+
+
 @st.composite
 def meshes(draw: Any, world_size: int) -> MeshSpec:
-    ep = draw(st.sampled_from(_divisors(world_size)))
-    tp = draw(st.sampled_from(_divisors(world_size // ep)))
-    return MeshSpec.of(fsdp=world_size // (ep * tp), ep=ep, tp=tp)
+    extra = draw(st.sampled_from(EXTRA_AXES))
+    outer = draw(st.sampled_from(_divisors(world_size)[1:])) if extra is not None and world_size > 1 else 1
+    rest = world_size // outer
+    ep = draw(st.sampled_from(_divisors(rest)))
+    tp = draw(st.sampled_from(_divisors(rest // ep)))
+    fsdp = rest // (ep * tp)
+    if extra is None or outer == 1:
+        return MeshSpec.of(fsdp=fsdp, ep=ep, tp=tp)
+    if extra == MeshAxis.CP:
+        return MeshSpec.of(fsdp=fsdp, cp=outer, ep=ep, tp=tp)
+    return MeshSpec.of(**{extra.value: outer}, fsdp=fsdp, ep=ep, tp=tp)
+
+
+@st.composite
+def stage_ranks(draw: Any, mesh: MeshSpec) -> frozenset[int] | None:
+    """The ranks of the pipeline stage(s) a parameter lives on: one stage, or (tied, like an
+    embedding shared with the output head) the first and the last; None without a ``pp`` axis."""
+    if not mesh.has(MeshAxis.PP):
+        return None
+    last = mesh.size(MeshAxis.PP) - 1
+    stages = draw(st.one_of(st.integers(0, last).map(lambda s: (s,)), st.just((0, last))))
+    return mesh.ranks_on(MeshAxis.PP, stages)
 
 
 @st.composite
@@ -85,15 +111,17 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     a = fsdp * draw(st.integers(2, 3))
     b = tp * draw(st.integers(2, 3))
     shard_or_rep = lambda dim: st.sampled_from([Shard(dim), Replicate()])  # noqa: E731
+    stage = draw(stage_ranks(mesh))
     if kind == "dense":
-        return param(f"dense{index}", (a, b), fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
+        return param(f"dense{index}", (a, b), present_ranks=stage, fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
     if kind == "experts":
-        return param(f"experts{index}", (experts, a, b), ep=Shard(0), fsdp=draw(shard_or_rep(1)),
+        return param(f"experts{index}", (experts, a, b), present_ranks=stage, ep=Shard(0), fsdp=draw(shard_or_rep(1)),
                      tp=draw(shard_or_rep(2)))
     if kind == "shared_lora":
-        return param(f"lora_shared{index}", (1, a, b), fsdp=draw(shard_or_rep(1)))
+        return param(f"lora_shared{index}", (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep(1)))
     home = owner if owner is not None else draw(st.integers(0, ep - 1))
-    return param(f"expert_module{index}", (a, b), present_ranks=mesh.ranks_where(ep=home),
+    owners = mesh.ranks_where(ep=home)
+    return param(f"expert_module{index}", (a, b), present_ranks=owners if stage is None else owners & stage,
                  fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
 
 

@@ -1,10 +1,10 @@
 """Built-in scenarios: one folder per real framework (its scenario, adapter and install recipe), and
-``dense_dp`` (torch alone). Each member has ``SCENARIO``, ``TARGETS`` and ``FRAMEWORK``; registering
+the torch-only layouts ``dense_dp``, ``pipeline_stages`` and ``hsdp_cp``. Each member has ``SCENARIO``, ``TARGETS`` and ``FRAMEWORK``; registering
 one is one entry in ``MEMBERS`` (display order)."""
 
-from . import deepspeed, dense_dp, fsdp2, megatron, torchtitan, xorl
+from . import deepspeed, dense_dp, fsdp2, hsdp_cp, megatron, pipeline_stages, torchtitan, xorl
 
-MEMBERS = (xorl, deepspeed, dense_dp, torchtitan, megatron, fsdp2)
+MEMBERS = (xorl, deepspeed, dense_dp, torchtitan, megatron, fsdp2, pipeline_stages, hsdp_cp)
 
 SCENARIOS = tuple(member.SCENARIO for member in MEMBERS)
 ADAPTER_TARGETS = tuple(target for member in MEMBERS for target in member.TARGETS)

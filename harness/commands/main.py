@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "matrix": "harness.commands.matrix",
     "compat": "harness.commands.compat",
     "fuzz": "harness.commands.fuzz",
+    "catalogue": "harness.commands.catalogue",
 }
 
 

@@ -29,7 +29,7 @@ from harness.spec.case import CaseSpec
 from harness.clipmath import clip_coefficient
 from harness.spec.layout import MeshSpec, Replicate, Shard
 from harness.run.measure import Replication, StatsTable
-from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree
+from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.signatures import Evidence, explain
 
 NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
@@ -372,6 +372,9 @@ own: when it fails the case is a harness ERROR, not a FAIL of the function under
 def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[str]:
     if norm is None or norm.passed:
         return []
+    axes = [axis for axis in j.mesh.names if j.mesh.size(axis) > 1]
+    if len(axes) < 2:  # one axis spans the world: its hypotheses are the rank-local ones below
+        axes = []
     evidence = Evidence(
         truth=j.truth,
         norm_type=j.case.norm_type,
@@ -379,6 +382,8 @@ def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[
         local_norms=j.stats.local_norms(j.case.norm_type),
         declared_norm=declared_norm(j.stats, j.mesh, j.case.variant.declared, j.case.norm_type),
         declared_mismatches=mismatches,
+        unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
+        replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
     )
     return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype))
 

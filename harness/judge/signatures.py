@@ -9,8 +9,8 @@ reported only when its value matches what the target reported, within the dtype'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 from harness.clipmath import is_inf_norm
 from harness.spec.layout import MeshSpec
@@ -27,6 +27,10 @@ class Evidence:
     local_norms: Sequence[float]
     declared_norm: float
     declared_mismatches: Sequence[str]
+    unreduced: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """Per mesh axis of size > 1: what each rank reports when the reduction skips that axis."""
+    replicas_counted: Mapping[str, float] = field(default_factory=dict)
+    """Per mesh axis of size > 1: the norm with copies along that axis counted as distinct."""
 
 
 def _power_phrase(k: int, norm_type: float, inverse: bool) -> str:
@@ -107,6 +111,14 @@ def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[
             every = sum(x**p for x in local) ** (1.0 / p)
             candidates.append(("equals the norm with every replica counted: no de-duplication of replicas",
                                [every] * n))
+    for axis, values in evidence.unreduced.items():
+        if len(values) == n:
+            candidates.append((f"each {axis} coordinate reports its own norm: no reduction over {axis}", list(values)))
+            candidates.append((f"equals the largest norm of one {axis} coordinate: norms merged with MAX over {axis}",
+                               [max(values)] * n))
+    for axis, value in evidence.replicas_counted.items():
+        candidates.append((f"equals the norm with copies along {axis} counted as distinct: {axis} replicas summed",
+                           [value] * n))
     scored = [
         (_mismatch(reported, values), text)
         for text, values in candidates

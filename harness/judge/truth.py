@@ -24,20 +24,21 @@ CROSS_CHECK_RTOL = 1e-9
 """How closely the measured and the constructive truth must agree (both are float64 sums)."""
 
 
-def weighted_norm(
+def weighted_parts(
     stats: StatsTable,
     mesh: MeshSpec,
     replicated_axes: Mapping[str, frozenset[str]],
     norm_type: float,
-) -> float:
-    """The global norm when each rank's slice of a parameter counts 1/k, k = its replica count.
+) -> list[float]:
+    """Each rank's share of the global p-th power sum when its slice of a parameter counts 1/k, k its
+    replica count (for the inf norm: its local maximum).
 
     The replica group of rank r for a parameter is every rank that holds a gradient for it and shares
     r's coordinates on all axes the parameter is *not* replicated on. Used with measured replication
-    it is the measured truth; with declared placements it is what a plan-trusting clip would report.
+    it gives the measured truth; with declared placements, what a plan-trusting clip would report.
     """
     coords = [mesh.coordinate(r) for r in range(stats.world_size)]
-    total = 0.0
+    parts = [0.0] * stats.world_size
     for j, name in enumerate(stats.names):
         keep = [a for a, axis in enumerate(mesh.names) if axis not in replicated_axes[name]]
         for r in range(stats.world_size):
@@ -50,8 +51,47 @@ def weighted_norm(
                 if stats.present(q, j) and tuple(coords[q][a] for a in keep) == key
             )
             value = stats.pow_sum[r][j]
-            total = combine(total, value if is_inf_norm(norm_type) else value / count, norm_type)
+            parts[r] = combine(parts[r], value if is_inf_norm(norm_type) else value / count, norm_type)
+    return parts
+
+
+def _root_of(parts: list[float], norm_type: float) -> float:
+    total = 0.0
+    for part in parts:
+        total = combine(total, part, norm_type)
     return root(total, norm_type)
+
+
+def weighted_norm(
+    stats: StatsTable,
+    mesh: MeshSpec,
+    replicated_axes: Mapping[str, frozenset[str]],
+    norm_type: float,
+) -> float:
+    """The global norm from ``weighted_parts``: every logical element counted once."""
+    return _root_of(weighted_parts(stats, mesh, replicated_axes, norm_type), norm_type)
+
+
+def unreduced_over(
+    stats: StatsTable, replication: Replication, mesh: MeshSpec, axis: str, norm_type: float
+) -> list[float]:
+    """Per rank: the de-duplicated norm of the ranks sharing its coordinate on ``axis``, what a clip
+    that reduces over every axis but ``axis`` reports (a pipeline stage's own norm, an EP group's)."""
+    replicated = {name: replication.replicated_axes(name, mesh) for name in stats.names}
+    parts = weighted_parts(stats, mesh, replicated, norm_type)
+    a = mesh.index(axis)
+    coords = [mesh.coordinate(r) for r in range(stats.world_size)]
+    return [_root_of([parts[q] for q in range(stats.world_size) if coords[q][a] == coords[r][a]], norm_type)
+            for r in range(stats.world_size)]
+
+
+def replicas_counted_on(
+    stats: StatsTable, replication: Replication, mesh: MeshSpec, axis: str, norm_type: float
+) -> float:
+    """The norm when copies along ``axis`` are counted as distinct (tied weights summed per stage,
+    HSDP or CP replicas summed): the measured replication with ``axis`` taken out."""
+    replicated = {name: replication.replicated_axes(name, mesh) - {axis} for name in stats.names}
+    return weighted_norm(stats, mesh, replicated, norm_type)
 
 
 def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:

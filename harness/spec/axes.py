@@ -33,3 +33,8 @@ class MeshAxis(StrEnum):
     """DeepSpeed's expert data parallel group."""
     TP = "tp"
     """Tensor parallel."""
+    PP = "pp"
+    """Pipeline parallel: each coordinate is a stage holding its own parameters (a tied parameter,
+    such as an embedding shared by the first and last stage, is present on both)."""
+    CP = "cp"
+    """Context parallel: ranks of the axis hold the same (all-reduced) gradients."""

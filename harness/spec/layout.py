@@ -135,6 +135,13 @@ class MeshSpec:
             if all(self.coordinate(r)[a] == v for a, v in wanted.items())
         )
 
+    def ranks_on(self, axis: str, coordinates: Iterable[int]) -> frozenset[int]:
+        """Ranks whose coordinate on ``axis`` is any of ``coordinates``: the ranks of some pipeline
+        stages (``ranks_on("pp", (0, last))`` holds a parameter tied between the first and last)."""
+        wanted = set(coordinates)
+        a = self.index(axis)
+        return frozenset(r for r in range(self.world_size) if self.coordinate(r)[a] in wanted)
+
     def describe(self) -> str:
         return " ".join(f"{name}={size}" for name, size in self.axes)
 
