@@ -19,6 +19,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, metamorphic_records
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.targets.loading import load_object
@@ -35,7 +36,7 @@ from harness.run.world import default_backend
 class CheckReport:
     """What ``check`` found: every record, the text the CLI would have printed, and the status."""
 
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     text: str = ""
     status: int = EXIT_PASS
     skipped: list[str] = field(default_factory=list)
@@ -47,15 +48,15 @@ class CheckReport:
         return self.status == EXIT_PASS and bool(self.cases)
 
     @property
-    def cases(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("type") == "case"]
+    def cases(self) -> list[CaseRecord]:
+        return case_records(self.records)
 
     @property
-    def metamorphic(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("type") == "metamorphic"]
+    def metamorphic(self) -> list[MetamorphicRecord]:
+        return metamorphic_records(self.records)
 
     @property
-    def failures(self) -> list[dict[str, Any]]:
+    def failures(self) -> list[CaseRecord]:
         return [r for r in self.cases if r["verdict"] in ("FAIL", "ERROR")]
 
     def describe(self) -> str:
@@ -87,14 +88,16 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
           seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
-          pools: Mapping[int, RankPool] | None = None) -> CheckReport:
+          pools: Mapping[int, RankPool] | None = None, blame: bool = False) -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
     at 0.5x and 2x the true norm. A world this machine cannot run (nccl with fewer GPUs than ranks)
     is skipped with its reason (``report.skipped``), as the matrix does; none runnable is bad input.
     ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
-    ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards."""
+    ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards.
+    ``blame``: for each case with a wrong norm, the weight the target gives each parameter group
+    (each record's ``blame``; printed under the case)."""
     raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
                        ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
@@ -124,7 +127,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
         given = (pools or {}).get(world)
         pool = given or RankPool(world, backend=backend, timeout_s=timeout_s)
         try:
-            report.status = max(report.status, _run_plan(pool, plan, world, backend, out, report.records))
+            report.status = max(report.status, _run_plan(pool, plan, world, backend, out, report.records, blame))
         finally:
             if given is None:
                 pool.close()
@@ -133,12 +136,12 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
 
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
-              records: list[dict[str, Any]]) -> int:
+              records: list[Record], blame: bool) -> int:
     frameworks = {name: t.framework_version() for name, t in plan.targets.items()}
     reporter = Reporter(out, None, world, backend, verbose=False, frameworks=frameworks)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
     for case in plan.cases:
-        reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario]))
+        reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))
     status = reporter.finish()
     records.extend(reporter.records)
     return status

@@ -20,11 +20,14 @@ from typing import Any, Callable, Sequence
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from harness.judge.blame import blame_lines
 from harness.judge.checks import CaseResult
 from harness.run.pool import RankPool
 from harness.run.on_pool import run_case_on_pool
 from harness.targets.registry import registered_targets
 from harness.spec.blob import case_spec, replay_command
+from harness.spec.injection import Injection
+from harness.spec.layout import Layout, box_contains, unravel
 from harness.strategies import DrawnCase, DrawnScenario, drawn_cases
 from harness.targets.target import resolve_target
 
@@ -57,10 +60,11 @@ class _Failed(AssertionError):
 
 def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None, shrink: bool = True,
          derandomize: bool = False, on_example: Callable[[int, CaseResult], None] | None = None,
-         database: Any = None) -> FuzzReport:
+         database: Any = None, blame: bool = True) -> FuzzReport:
     """Fuzz ``target`` on ``pool``'s world for up to ``examples`` drawn cases. ``database``: a
     hypothesis example database (e.g. ``DirectoryBasedExampleDatabase(".hypothesis")``) to replay
-    earlier failures first; None (the default) keeps nothing between runs."""
+    earlier failures first; None (the default) keeps nothing between runs. ``blame``: re-run the
+    minimal failing case one parameter group at a time (``harness.run.blame``) when its norm is wrong."""
     resolve_target(target, registered_targets())
     scenario = DrawnScenario()
     report = FuzzReport(target, pool.world_size, 0, 0.0)
@@ -93,6 +97,8 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
         property_holds()
     except _Failed:
         pass
+    if blame and report.crash is None and report.minimal is not None:
+        report.result = run_case_on_pool(pool, case_spec(report.minimal, target), scenario, blame=True)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -128,6 +134,7 @@ def describe(report: FuzzReport) -> list[str]:
         placement = ", ".join(f"{d}={p}" for d, p in spec.placements) or "replicated"
         present = "" if spec.present_ranks is None else f" on ranks {sorted(spec.present_ranks)}"
         lines.append(f"    {spec.name} {list(spec.shape)} {placement}{present}")
+    lines += [f"  {line}" for line in injection_lines(report.minimal.variant.injection, layout)]
     if report.crash:
         lines.append(f"  not judged ({report.crash.splitlines()[0]}); the search stopped without shrinking")
     if report.result is not None:
@@ -135,5 +142,26 @@ def describe(report: FuzzReport) -> list[str]:
         lines.append(f"  verdict {r.verdict}: reported {r.reported[0] if r.reported else None} true {r.truth}")
         lines += [f"    {c.name}: {c.detail}" for c in r.failed]
         lines += [f"      signature: {s}" for s in r.signature]
+        lines += [f"      blame: {line}" for line in blame_lines(r)]
     lines.append(f"  replay: {report.replay}")
     return lines
+
+
+def injection_lines(injection: Injection, layout: Layout) -> list[str]:
+    """Everything an injection does, in words: what a minimal case's blob encodes."""
+    lines = [f"gradients: seed {injection.seed}, {injection.dtype}, scale {injection.scale:g}"]
+    if injection.zero:
+        lines.append(f"  all zero: {', '.join(sorted(injection.zero))}")
+    for name, ranks in injection.none_on:
+        holders = sorted(r for r in range(layout.mesh.world_size)
+                         if injection.grad_is_none(layout, layout.param(name), r) and layout.local_box(
+                             layout.param(name), r) is not None)
+        lines.append(f"  None on ranks {holders} for {name} (listed: {sorted(ranks)} and their replicas)")
+    for name, flat, kind in injection.nonfinite:
+        spec = layout.param(name)
+        index = unravel(flat, spec.shape)
+        box_holders = [r for r in range(layout.mesh.world_size)
+                       if (box := layout.local_box(spec, r)) is not None and box_contains(box, index)]
+        lines.append(f"  {kind} at {name}{list(index)}, held by ranks {box_holders}")
+    return lines
+

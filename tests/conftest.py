@@ -10,3 +10,13 @@ def deepspeed_world2(tmp_path_factory):
     """The deepspeed_autoep scenario at world 2, fp32 and bf16, with every default target: the
     DeepSpeed-style models, the repair, the real DeepSpeed (where installed) and the reference."""
     return run_harness(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("ds"))
+
+
+@pytest.fixture(scope="session")
+def world4(request):
+    """A warm world of 4 ranks for the fuzz, catalogue and blame tests (one start for all of them)."""
+    from harness.run.pool import RankPool
+
+    pool = RankPool(4, timeout_s=30)
+    request.addfinalizer(pool.close)
+    return pool

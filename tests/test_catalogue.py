@@ -49,27 +49,18 @@ def test_the_list_prints_every_mechanism_and_every_row_left_out():
         assert f"row {row}:" in listed.stdout
 
 
-@pytest.fixture(scope="module")
-def world(request):
-    from harness.run.pool import RankPool
-
-    pool = RankPool(FUZZ_WORLD, timeout_s=30)
-    request.addfinalizer(pool.close)
-    return pool
-
-
 @pytest.mark.parametrize("mechanism", CATALOGUE, ids=lambda m: m.mutant)
-def test_each_mechanism_is_caught_by_its_scenario_and_within_its_fuzz_bound(world, mechanism):
-    got = run_mechanism(mechanism, world)
+def test_each_mechanism_is_caught_by_its_scenario_and_within_its_fuzz_bound(world4, mechanism):
+    got = run_mechanism(mechanism, world4)
     assert got.failed > 0, f"{mechanism.mutant} passed every case of {mechanism.caught_by}"
     assert got.within_bound, f"{mechanism.mutant}: fuzz needed {got.fuzz_needed}, recorded {mechanism.fuzz_needed}"
     if mechanism.mutant in AXIS_SIGNATURES:
         assert AXIS_SIGNATURES[mechanism.mutant] in got.signature, got.signature
 
 
-def test_reference_passes_every_scenario_the_catalogue_uses(world):
+def test_reference_passes_every_scenario_the_catalogue_uses(world4):
     from harness.api import check
 
     scenarios = sorted({m.caught_by for m in CATALOGUE})
-    report = check("reference", scenarios=scenarios, worlds=[FUZZ_WORLD], pools={FUZZ_WORLD: world})
+    report = check("reference", scenarios=scenarios, worlds=[FUZZ_WORLD], pools={FUZZ_WORLD: world4})
     assert report.passed and report.cases, report.describe()

@@ -41,28 +41,24 @@ def test_drawn_cases_are_valid_and_round_trip_through_a_blob(drawn):
             assert (a is None) == (b is None)
 
 
-@pytest.fixture(scope="module")
-def world(request):
-    from harness.run.pool import RankPool
-
-    pool = RankPool(WORLD, timeout_s=20)
-    request.addfinalizer(pool.close)
-    return pool
-
-
-def test_reference_survives_the_budget(world):
-    report = fuzz("reference", world, BUDGET, derandomize=True, shrink=False)
+def test_reference_survives_the_budget(world4):
+    report = fuzz("reference", world4, BUDGET, derandomize=True, shrink=False)
     assert report.passed and report.examples == BUDGET, describe(report)
 
 
-def test_a_failure_is_shrunk_and_its_replay_reproduces_it(world, tmp_path):
-    report = fuzz("mutant-local-root-mean", world, BUDGET, derandomize=True)
+def test_a_failure_is_shrunk_and_its_replay_reproduces_it(world4, tmp_path):
+    report = fuzz("mutant-local-root-mean", world4, BUDGET, derandomize=True)
     assert not report.passed and report.shrink_steps > 0
     minimal = report.minimal.variant.layout
     assert len(minimal.params) == 1  # one parameter is enough to show a root taken before the mean
     assert any("mean of the rank-local norms" in s for s in report.result.signature)
     text = "\n".join(describe(report))
     assert "replay: " in text and " -m harness --replay cc1." in text
+    # the minimal case reads on its own: its injection in words, and the weight given to its one group
+    assert "  gradients: seed " in text
+    (group,) = report.result.blame
+    assert group.group == minimal.params[0].name and group.weight is not None and group.weight < 1
+    assert f"blame: {group.group}: counted" in text
 
     blob = report.replay.split("--replay ", 1)[1]
     proc = run_cli(["--replay", blob, "--json", str(tmp_path / "replay.jsonl")])

@@ -80,7 +80,7 @@ def run_mechanism(m: Mechanism, pool: "RankPool", fuzz_examples: int = FUZZ_BUDG
     signature = Counter(s for r in failing for s in r.get("signature") or [])
     shown = signature.most_common(1)[0][0] if signature else (
         ", ".join(sorted({c for r in failing for c, v in r["checks"].items() if not v["passed"]})) or "-")
-    found = fuzz(m.mutant, pool, fuzz_examples, derandomize=True, shrink=False)
+    found = fuzz(m.mutant, pool, fuzz_examples, derandomize=True, shrink=False, blame=False)
     return Caught(m, len(failing), len(cases), None if found.passed else found.failed_at, shown)
 
 

@@ -7,7 +7,7 @@ import sys
 from typing import Sequence
 
 from harness.report.compat import compat_rows, markdown
-from harness.report.reporter import read_records
+from harness.judge.records import read_records
 
 
 def main(argv: Sequence[str]) -> int:

@@ -35,7 +35,8 @@ from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.judge.metamorphic import metamorphic_groups
 from harness.spec.plan import Plan, plan_cases
-from harness.report.reporter import case_json, metamorphic_json, read_records
+from harness.judge.records import CaseRecord, Record, case_records, read_records
+from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
 from harness.run.world import default_backend
 
@@ -101,15 +102,17 @@ def worker_args(args: argparse.Namespace, spec_path: str, jsonl: str, start_at: 
     out += ["--matrix", spec_path]
     if args.verbose:
         out.append("--verbose")
+    if args.blame:
+        out.append("--blame")
     if args.progress is not None:
         out.append("--progress" if args.progress else "--no-progress")
     return out
 
 
-def _case_records(path: Path) -> dict[int, dict[str, Any]]:
+def _case_records(path: Path) -> dict[int, CaseRecord]:
     if not path.exists():
         return {}
-    return {r["index"]: r for r in read_records(str(path)) if r.get("type") == "case"}
+    return {r["index"]: r for r in case_records(read_records(str(path)))}
 
 
 def _crash_detail(exits: list[RankExit], index: int) -> str:
@@ -122,12 +125,12 @@ def _crash_detail(exits: list[RankExit], index: int) -> str:
 
 
 def run_plan(plan: Plan, args: argparse.Namespace, backend: str, spec_path: str, jsonl: Path,
-             nproc: int) -> tuple[dict[int, dict[str, Any]], int, int]:
+             nproc: int) -> tuple[dict[int, CaseRecord], int, int]:
     """Launch, and relaunch after each crash, until every planned case has a record. Returns the
     records by case index, the number of resumes, and 2 if a rank reported bad input (else 0)."""
     by_index: dict[int, CaseSpec] = {c.index: c for c in plan.cases}
     order = [c.index for c in plan.cases]
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[int, CaseRecord] = {}
     start, resumes = 0, 0
     while True:
         jsonl.unlink(missing_ok=True)
@@ -165,14 +168,14 @@ def run_plan(plan: Plan, args: argparse.Namespace, backend: str, spec_path: str,
               f"relaunching at case {start}", file=sys.stderr, flush=True)
 
 
-def _not_run(record: dict[str, Any]) -> bool:
-    return "not_run" in record.get("checks", {})
+def _not_run(record: CaseRecord) -> bool:
+    return "not_run" in record["checks"]
 
 
-def write_results(records: list[dict[str, Any]], backend: str, jsonl: Path | None, junit: str | None) -> int:
+def write_results(records: list[CaseRecord], backend: str, jsonl: Path | None, junit: str | None) -> int:
     groups = [metamorphic_json(g, backend) for g in metamorphic_groups(records)]
-    counts = count(records + groups)
-    everything = records + groups + [counts.as_record()]
+    counts = count([*records, *groups])
+    everything: list[Record] = [*records, *groups, counts.as_record()]
     if jsonl is not None:
         with open(jsonl, "w", encoding="utf-8") as f:
             for rec in everything:

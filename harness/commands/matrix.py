@@ -35,7 +35,8 @@ from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
 from harness.judge.metamorphic import metamorphic_groups
 from harness.spec.plan import Plan, UsageError, plan_cases
-from harness.report.reporter import case_json, metamorphic_json, read_records
+from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, read_records
+from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
 from harness.run.world import default_backend
 
@@ -52,7 +53,7 @@ class Launch:
     log: Path
     returncode: int | None = None
     seconds: float = 0.0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[CaseRecord] = field(default_factory=list)
 
     @property
     def tag(self) -> str:
@@ -130,9 +131,10 @@ class _Interrupt:
                 pass
 
 
-def _run(launch: Launch, spec_path: Path, timeout: float, interrupt: _Interrupt) -> None:
+def _run(launch: Launch, spec_path: Path, timeout: float, blame: bool, interrupt: _Interrupt) -> None:
     cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(launch.world_size), "--backend", launch.backend,
            "--matrix", str(spec_path), "--timeout", str(timeout), "--json", str(launch.jsonl), "--no-progress"]
+    cmd += ["--blame"] if blame else []
     print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     start = time.perf_counter()
@@ -158,11 +160,11 @@ def _run(launch: Launch, spec_path: Path, timeout: float, interrupt: _Interrupt)
           flush=True)
 
 
-def _launch_records(launch: Launch) -> list[dict[str, Any]]:
+def _launch_records(launch: Launch) -> list[CaseRecord]:
     """The launch's case records, and an ERROR for every planned case it has no record of."""
-    found = {}
+    found: dict[int, CaseRecord] = {}
     if launch.jsonl.exists():
-        found = {r["index"]: r for r in read_records(str(launch.jsonl)) if r.get("type") == "case"}
+        found = {r["index"]: r for r in case_records(read_records(str(launch.jsonl)))}
     cause = (f"the launch of {launch.tag} ended (exit status {launch.returncode}) before judging this case; "
              f"see {launch.log}")
     out = []
@@ -203,7 +205,7 @@ def main(argv: Sequence[str]) -> int:
         for launch in launches:
             if interrupt.signum:
                 break
-            _run(launch, spec_path, args.timeout, interrupt)
+            _run(launch, spec_path, args.timeout, args.blame, interrupt)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -219,8 +221,8 @@ def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
     ran = [launch for launch in launches if launch.returncode is not None]
     cases = [r for launch in ran for r in launch.records]
     groups = [metamorphic_json(g, launch.backend) for launch in ran for g in metamorphic_groups(launch.records)]
-    counts = count(cases + groups)
-    everything = cases + groups + [counts.as_record()]
+    counts = count([*cases, *groups])
+    everything: list[Record] = [*cases, *groups, counts.as_record()]
     with open(out / "results.jsonl", "w", encoding="utf-8") as f:
         for r in everything:
             f.write(json.dumps(r) + "\n")
@@ -235,11 +237,11 @@ def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
     return EXIT_BROKEN if crashed else counts.status
 
 
-def _ratio(r: dict[str, Any]) -> str:
+def _ratio(r: CaseRecord) -> str:
     return "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
 
 
-def print_merged(cases: list[dict[str, Any]], groups: list[dict[str, Any]], ran: list[Launch],
+def print_merged(cases: list[CaseRecord], groups: list[MetamorphicRecord], ran: list[Launch],
                  verbose: bool) -> None:
     if verbose:
         print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
@@ -263,5 +265,5 @@ def print_merged(cases: list[dict[str, Any]], groups: list[dict[str, Any]], ran:
     for launch in ran:
         if launch.returncode not in (0, 1):
             print(f"  launch {launch.tag} crashed (exit {launch.returncode}); see {launch.log}")
-    for reason in sorted({r["skip_reason"] for r in cases if r["verdict"] == "SKIP"}):
+    for reason in sorted({r["skip_reason"] or "skipped" for r in cases if r["verdict"] == "SKIP"}):
         print(f"  skipped: {reason}")

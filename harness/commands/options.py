@@ -15,6 +15,9 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
     add_axis_flags(p)
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective may block before the case fails (default 60)")
+    p.add_argument("--blame", action="store_true",
+                   help="for each case with a wrong norm, re-run the target one parameter group at a time and "
+                        "print the weight it gives each (costs one run per group of each failing case)")
 
 
 def spec_from_args(args: argparse.Namespace) -> MatrixSpec:

@@ -155,7 +155,7 @@ def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str
         if args.start_at:
             header_notes.append(f"resuming at case {args.start_at}")
         reporter.header(len([c for c in plan.cases if c.index >= args.start_at]), header_notes)
-    status = Executor(world, plan, reporter, progress, args.start_at).run()
+    status = Executor(world, plan, reporter, progress, args.start_at, blame=args.blame).run()
     if status != EXIT_BROKEN:
         world.close()
     return status

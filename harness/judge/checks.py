@@ -23,14 +23,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from harness.spec.case import CaseSpec
 from harness.clipmath import clip_coefficient
 from harness.spec.layout import MeshSpec, Replicate, Shard
 from harness.run.measure import Replication, StatsTable
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
+from harness.judge.records import Verdict
 from harness.judge.signatures import Evidence, explain
+
+if TYPE_CHECKING:
+    from harness.judge.blame import GroupWeight
 
 NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
 """Relative tolerance on a reported norm: what a correct implementation computing in that dtype
@@ -60,7 +64,7 @@ class Check:
 @dataclass
 class CaseResult:
     case: CaseSpec
-    verdict: str  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
+    verdict: Verdict  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
     truth: float
     measured_truth: float
     reported: list[float | None]
@@ -71,6 +75,14 @@ class CaseResult:
     coefficient: float | None
     seconds: float
     errors: list[str | None] = field(default_factory=list)
+    param_mismatches: dict[str, list[str]] = field(default_factory=dict)
+    """Per parameter, its declared-vs-measured contradictions (``mismatches`` groups them)."""
+    blame: list[GroupWeight] = field(default_factory=list)
+    """The weight the target gave each parameter group (``harness.run.blame``), when asked."""
+    blame_note: str = ""
+    blame_rank: int = 0
+    """The rank whose reports the blame weighs."""
+    """Why the weights do not add up to the full case, when they do not."""
 
     @property
     def ratio(self) -> float | None:
@@ -84,14 +96,15 @@ class CaseResult:
         return [c for c in self.checks if not c.passed]
 
 
-def declared_mismatches(
+def placement_mismatches(
     declared: Mapping[str, Mapping[str, object]],
     replication: Replication,
     stats: StatsTable,
     mesh: MeshSpec,
-) -> list[str]:
-    """Parameters whose declared placement contradicts the measured one, grouped for reading."""
-    groups: dict[str, list[str]] = {}
+) -> dict[str, list[str]]:
+    """Per parameter, each mesh axis where its declared placement contradicts the measured one
+    ("declared Replicate on ep, measured distinct"); parameters without a contradiction are left out."""
+    found: dict[str, list[str]] = {}
     for j, name in enumerate(stats.names):
         all_zero = all(stats.pow_sum[r][j] == 0 for r in range(stats.world_size) if stats.present(r, j))
         for axis in mesh.names:
@@ -105,6 +118,15 @@ def declared_mismatches(
                 key = f"declared {placement} on {axis}, measured replicated"
             else:
                 continue
+            found.setdefault(name, []).append(key)
+    return found
+
+
+def declared_mismatches(per_param: Mapping[str, Sequence[str]]) -> list[str]:
+    """``placement_mismatches`` grouped for reading: one line per contradiction, naming its parameters."""
+    groups: dict[str, list[str]] = {}
+    for name, keys in per_param.items():
+        for key in keys:
             groups.setdefault(key, []).append(name)
     return [f"{key}: {_names(names)}" for key, names in groups.items()]
 
@@ -405,10 +427,11 @@ def evaluate(
     """Judge one case from every rank's record: run every check, explain a wrong norm."""
     j = Judgement(case, truth, measured, stats, pre, post, records)
     checks = [c for c in (spec(j) for spec in CHECKS) if c is not None]
-    mismatches = declared_mismatches(case.variant.declared, pre, stats, case.layout.mesh)
+    per_param = placement_mismatches(case.variant.declared, pre, stats, case.layout.mesh)
+    mismatches = declared_mismatches(per_param)
     norm = next((c for c in checks if c.name == "norm"), None)
     truth_ok = checks[0].passed  # CHECKS[0] is the harness's self-check and always applies
-    verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
+    verdict: Verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
     coefficient = _median_coefficient(records) if j.finite_truth and not j.raised else None
     return CaseResult(
         case=case,
@@ -420,6 +443,7 @@ def evaluate(
         signature=_signature(j, mismatches, norm),
         placements={name: pre.describe(name, case.layout.mesh) for name in stats.names},
         mismatches=mismatches,
+        param_mismatches=per_param,
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,

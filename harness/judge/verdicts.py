@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from harness.judge.records import SummaryRecord
+
 UNJUDGED_CHECKS = ("hang", "crash", "not_run")
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
@@ -34,6 +36,11 @@ class Counts:
     metamorphic_failed: int = 0
 
     @property
+    def errors(self) -> int:
+        """Cases that were not a verdict on the target: harness errors and unjudged cases."""
+        return self.harness_errors + self.unjudged
+
+    @property
     def status(self) -> int:
         if self.unjudged:
             return EXIT_BROKEN
@@ -51,7 +58,7 @@ class Counts:
                 f"errors{unjudged}, {self.skipped} skipped; metamorphic groups: {self.metamorphic_groups}, "
                 f"{self.metamorphic_failed} failed => {self.word}")
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> SummaryRecord:
         return {"type": "summary", "cases": self.cases, "passed": self.passed, "failed": self.failed,
                 "harness_errors": self.harness_errors, "unjudged": self.unjudged, "skipped": self.skipped,
                 "metamorphic_groups": self.metamorphic_groups, "metamorphic_failed": self.metamorphic_failed,
@@ -59,16 +66,20 @@ class Counts:
 
 
 def count(records: Iterable[Mapping[str, Any]]) -> Counts:
+    """Count case and metamorphic records (others are ignored). Records read from a file are taken as
+    they come: one without a type is a case, an unknown or missing verdict a harness error, a group
+    without ``passed`` a failed one; nothing unrecognised counts as a pass."""
     counts = Counts()
     for rec in records:
-        if rec.get("type") == "metamorphic":
+        kind = rec.get("type", "case")
+        if kind == "metamorphic":
             counts.metamorphic_groups += 1
-            counts.metamorphic_failed += not rec["passed"]
+            counts.metamorphic_failed += not rec.get("passed", False)
             continue
-        if rec.get("type") != "case":
+        if kind != "case":
             continue
         counts.cases += 1
-        verdict = rec["verdict"]
+        verdict = rec.get("verdict")
         if verdict == "PASS":
             counts.passed += 1
         elif verdict == "FAIL":

@@ -5,11 +5,12 @@ reference, the framework-style models, the mutants) are left out."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Iterable
+
+from harness.judge.records import CaseRecord, Record, case_records
 
 
-
-def _ratio(rec: dict[str, Any]) -> str:
+def _ratio(rec: CaseRecord) -> str:
     if rec["verdict"] == "SKIP":
         return "-"
     r = rec["ratio"]
@@ -19,10 +20,10 @@ def _ratio(rec: dict[str, Any]) -> str:
     return r if isinstance(r, str) else f"{r:.6f}"
 
 
-def compat_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+def compat_rows(records: Iterable[Record]) -> list[list[str]]:
     rows = []
-    for rec in records:
-        if rec.get("type") != "case" or not rec.get("framework") and rec["verdict"] != "SKIP":
+    for rec in case_records(records):
+        if not rec.get("framework") and rec["verdict"] != "SKIP":
             continue
         if rec["verdict"] == "SKIP" and not rec.get("skip_reason"):
             continue

@@ -30,7 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, cast
 
-VERDICTS = ("PASS", "FAIL", "ERROR", "SKIP")
+from harness.judge.verdicts import count
+
 # how bad a verdict is when cases are aggregated into one cell; an unknown verdict counts as an error
 _RANK = {"SKIP": 0, "PASS": 1, "FAIL": 2, "ERROR": 3}
 _CLASS = {"PASS": "v-pass", "FAIL": "v-fail", "ERROR": "v-error", "SKIP": "v-skip"}
@@ -208,11 +209,10 @@ def compact_summary(records: Iterable[Any], width: int = 120) -> list[str]:
     table: list[list[str]] = []
     for (target, scenario), data in sorted(rows.items()):
         cases, groups = data["cases"], data["groups"]
-        verdicts = Counter(_verdict(r) for r in cases)
-        meta = f"{sum(not g.get('passed', False) for g in groups)}/{len(groups)}" if groups else "-"
+        c = count(cases + groups)
+        meta = f"{c.metamorphic_failed}/{c.metamorphic_groups}" if groups else "-"
         sig, others = _common_signature(cases)
-        table.append([target, scenario, str(verdicts["PASS"]), str(verdicts["FAIL"]), str(verdicts["ERROR"]),
-                      str(verdicts["SKIP"]), meta, _worst_failing(cases), sig + (f" (+{others})" if others else "")])
+        table.append([target, scenario, str(c.passed), str(c.failed), str(c.errors), str(c.skipped), meta, _worst_failing(cases), sig + (f" (+{others})" if others else "")])
     if not table:
         return ["  ".join(header), "(no cases)"]
 
@@ -252,8 +252,9 @@ def _plural(n: int, word: str) -> str:
 
 
 def _tally(cases: list[dict[str, Any]]) -> str:
-    counts = Counter(_verdict(r) for r in cases)
-    return ", ".join(f"{counts[v]} {v.lower()}" for v in VERDICTS if counts[v])
+    c = count(cases)
+    return ", ".join(f"{n} {word}" for n, word in ((c.passed, "pass"), (c.failed, "fail"), (c.errors, "error"),
+                                                   (c.skipped, "skip")) if n)
 
 
 def _slug(x: Any, limit: int = 24) -> str:
@@ -542,19 +543,19 @@ def _render_header(title: str, generated: str | None, cases: list[dict[str, Any]
                    groups: list[dict[str, Any]]) -> str:
     """Title with the overall verdict, the totals as chips (also as data- attributes, for scripts),
     the legend and the only-failing filter."""
-    counts = Counter(_verdict(r) for r in cases)
-    meta_failed = sum(not g.get("passed", False) for g in groups)
-    verdict = "FAIL" if counts["FAIL"] or counts["ERROR"] or meta_failed else "PASS"
+    counts = count(cases + groups)
+    meta_failed = counts.metamorphic_failed
+    verdict = counts.word
     chips: list[tuple[str, int | str, str]]
-    chips = [("cases", len(cases), "t-cases"), ("passed", counts["PASS"], "t-pass"),
-             ("failed", counts["FAIL"], "t-fail"), ("errors", counts["ERROR"], "t-error"),
-             ("skipped", counts["SKIP"], "t-skip")]
+    chips = [("cases", len(cases), "t-cases"), ("passed", counts.passed, "t-pass"),
+             ("failed", counts.failed, "t-fail"), ("errors", counts.errors, "t-error"),
+             ("skipped", counts.skipped, "t-skip")]
     if groups:
         chips.append(("metamorphic failed", f"{meta_failed}/{len(groups)}", "t-meta" + (" bad" if meta_failed else "")))
     totals = "".join(f'<div class="chip {cls}"><b>{_e(v)}</b> <span>{_e(k)}</span></div>' for k, v, cls in chips)
     when = f'<p class="generated">generated {_e(generated)}</p>' if generated else ""
-    return (f'<header id="summary" data-cases="{len(cases)}" data-passed="{counts["PASS"]}"'
-            f' data-failed="{counts["FAIL"]}" data-errors="{counts["ERROR"]}" data-skipped="{counts["SKIP"]}"'
+    return (f'<header id="summary" data-cases="{len(cases)}" data-passed="{counts.passed}"'
+            f' data-failed="{counts.failed}" data-errors="{counts.errors}" data-skipped="{counts.skipped}"'
             f' data-metamorphic="{len(groups)}" data-metamorphic-failed="{meta_failed}" data-verdict="{verdict}">'
             f'<div class="title"><h1>{_e(title)} <span class="overall {_CLASS[verdict]}">{verdict}</span></h1>'
             f"{when}</div>"

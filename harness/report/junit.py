@@ -10,36 +10,39 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Iterable
+
+from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, metamorphic_records
+from harness.judge.verdicts import count
 
 
-def _case_name(rec: dict[str, Any]) -> str:
+def _case_name(rec: CaseRecord) -> str:
     return f"{rec['scenario']} [{rec['layout']}] {rec['target']} {rec['norm']} {rec['dtype']}"
 
 
-def _failure_text(rec: dict[str, Any]) -> str:
+def _failure_text(rec: CaseRecord) -> str:
     lines = [f"{name}: {check['detail']}" for name, check in rec["checks"].items() if not check["passed"]]
     lines += [f"signature: {s}" for s in rec.get("signature", [])]
+    lines += [f"blame: {b['line']}" for b in rec.get("blame", [])]
+    lines += [f"blame: {rec['blame_note']}"] if rec.get("blame_note") else []
     lines.append(f"reported {rec['reported']} true {rec['true_norm']} ratio {rec['ratio']}")
     return "\n".join(lines)
 
 
-def junit_xml(records: Iterable[dict[str, Any]]) -> str:
-    suites: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for rec in records:
-        if rec.get("type") in ("case", "metamorphic"):
-            key = f"clipcheck world={rec.get('world_size', '?')} backend={rec.get('backend', '?')}"
-            suites[key].append(rec)
+def junit_xml(records: Iterable[Record]) -> str:
+    suites: dict[str, list[CaseRecord | MetamorphicRecord]] = defaultdict(list)
+    records = list(records)
+    judged: list[CaseRecord | MetamorphicRecord] = [*case_records(records), *metamorphic_records(records)]
+    for rec in judged:
+        suites[f"clipcheck world={rec['world_size']} backend={rec['backend']}"].append(rec)
     root = ET.Element("testsuites", name="clipcheck")
     for suite_name, recs in suites.items():
-        cases = [r for r in recs if r["type"] == "case"]
+        counts = count(recs)
         suite = ET.SubElement(
             root, "testsuite", name=suite_name, tests=str(len(recs)),
-            failures=str(sum(r["verdict"] == "FAIL" for r in cases) + sum(not r["passed"] for r in recs
-                                                                          if r["type"] == "metamorphic")),
-            errors=str(sum(r["verdict"] == "ERROR" for r in cases)),
-            skipped=str(sum(r["verdict"] == "SKIP" for r in cases)),
-            time=f"{sum(float(r.get('seconds', 0)) for r in cases):.3f}",
+            failures=str(counts.failed + counts.metamorphic_failed),
+            errors=str(counts.harness_errors + counts.unjudged), skipped=str(counts.skipped),
+            time=f"{sum(float(r['seconds']) for r in case_records(recs)):.3f}",
         )
         for rec in recs:
             if rec["type"] == "case":
@@ -62,6 +65,6 @@ def junit_xml(records: Iterable[dict[str, Any]]) -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_junit(path: str, records: Iterable[dict[str, Any]]) -> None:
+def write_junit(path: str, records: Iterable[Record]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(junit_xml(records))

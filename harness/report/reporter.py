@@ -16,9 +16,11 @@ import math
 from typing import IO, Any, Iterable
 
 from harness.spec.case import bound_label
+from harness.judge.blame import blame_lines, blame_tolerance
 from harness.judge.checks import NORM_RTOL, CaseResult
 from harness.report.junit import write_junit
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
+from harness.judge.records import CaseRecord, MetamorphicRecord, Record
 from harness.judge.verdicts import count
 
 
@@ -38,13 +40,7 @@ def _fmt(x: float | None, width: int = 12) -> str:
     return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    """Every record of a JSON Lines results file (cases, metamorphic groups, the summary)."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> dict[str, Any]:
+def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> CaseRecord:
     case = result.case
     return {
         "framework": framework,
@@ -77,10 +73,14 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
         "invariance_key": case.variant.invariance_key,
         "skip_reason": case.skip,
         "seconds": result.seconds,
+        "blame": [{"group": g.group, "params": g.params, "weight": _num(g.weight), "note": g.note,
+                   "line": g.line(blame_tolerance(case.injection.dtype))} for g in result.blame],
+        "blame_note": result.blame_note,
+        "blame_rank": result.blame_rank,
     }
 
 
-def metamorphic_json(group: MetamorphicResult, backend: str) -> dict[str, Any]:
+def metamorphic_json(group: MetamorphicResult, backend: str) -> MetamorphicRecord:
     return {
         "type": "metamorphic",
         "world_size": group.world_size,
@@ -112,9 +112,9 @@ class Reporter:
         self.verbose = verbose
         self.json = open(json_path, "a" if append else "w", encoding="utf-8") if json_path else None
         self._noted: set[str] = set()
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Record] = []
 
-    def _write_json(self, obj: dict[str, Any]) -> None:
+    def _write_json(self, obj: Record) -> None:
         self.records.append(obj)
         if self.json is not None:
             self.json.write(json.dumps(obj) + "\n")
@@ -153,6 +153,8 @@ class Reporter:
             self._print(f"    skipped: {case.skip}")
         for line in result.signature:
             self._print(f"      signature: {line}")
+        for line in blame_lines(result):
+            self._print(f"      blame: {line}")
         self._write_json(case_json(result, self.world_size, self.backend, self.frameworks.get(case.target)))
 
     def metamorphic(self, groups: list[MetamorphicResult]) -> None:

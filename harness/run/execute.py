@@ -29,7 +29,7 @@ from harness.judge.checks import CaseResult, unjudged_result
 from harness.spec.plan import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
-from harness.run.runner import run_case
+from harness.run.blame import run_case_with_blame
 from harness.run.world import DeadRankError, DistWorld, WorldBroken
 
 
@@ -75,8 +75,9 @@ class Executor:
     """Runs a plan's cases from ``start_at`` on, in order, on this rank."""
 
     def __init__(self, world: DistWorld, plan: Plan, reporter: Reporter | None, progress: Progress,
-                 start_at: int = 0) -> None:
+                 start_at: int = 0, blame: bool = False) -> None:
         self.world = world
+        self.blame = blame
         self.plan = plan
         self.reporter = reporter
         self.progress = progress
@@ -93,7 +94,8 @@ class Executor:
         try:
             for case in self.cases:
                 self.current = case
-                result = run_case(self.world, case, self.plan.scenarios[case.scenario], self.plan.targets[case.target])
+                result = run_case_with_blame(self.world, case, self.plan.scenarios[case.scenario],
+                                             self.plan.targets[case.target], self.blame)
                 if self.reporter is not None and result is not None:
                     with self._reporting:
                         self.progress.clear()

@@ -7,15 +7,15 @@ from harness.spec.case import CaseSpec
 from harness.judge.checks import CaseResult, unjudged_result
 from harness.run.pool import RankPool, RankResult, current_world
 from harness.targets.registry import registered_targets
-from harness.run.runner import run_case
+from harness.run.blame import run_case_with_blame
 from harness.spec.scenario import Scenario
 from harness.targets.target import resolve_target
 
 
-def run_case_task(case: CaseSpec, scenario: Scenario) -> CaseResult | None:
+def run_case_task(case: CaseSpec, scenario: Scenario, blame: bool = False) -> CaseResult | None:
     """Runs on every rank of the pool; rank 0 returns the judged result."""
     target = resolve_target(case.target, registered_targets([scenario]))
-    return run_case(current_world(), case, scenario, target)
+    return run_case_with_blame(current_world(), case, scenario, target, blame)
 
 
 def _last_line(result: RankResult) -> str:
@@ -23,10 +23,10 @@ def _last_line(result: RankResult) -> str:
     return lines[-1] if lines else result.status
 
 
-def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario) -> CaseResult:
+def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario, blame: bool = False) -> CaseResult:
     """The judged case; a case the pool could not judge (a rank hung, died, or the harness itself
     raised on a rank) is an ERROR result naming the ranks and why (the pool restarts itself)."""
-    results = pool.run(run_case_task, case, scenario)
+    results = pool.run(run_case_task, case, scenario, blame)
     bad = [r for r in results if not r.ok]
     if not bad:
         value = results[0].value

@@ -1,0 +1,149 @@
+"""Per-parameter blame: the weight a clip function gives each parameter group.
+
+A correct p-norm counts every logical gradient element once: ``norm^p = sum over groups of
+true_g^p``. Re-running the target with gradients in one group only (every other gradient zero,
+present, not None) isolates that group: ``weight_g = (reported_g / true_g)^p`` is the multiplicity
+the target assigns it (1 once, 1/4 when it is counted on one EP rank of four, 2 when a tied copy is
+counted twice). These are the pure parts: grouping, the one-group case, the weights and the words.
+``harness.run.blame`` runs the sub-cases.
+
+What it cannot attribute, and says so: an inf norm (a max, not a sum over groups), a case with
+non-finite gradients, a group whose run raised or reported nothing, and a clip that is not linear in
+the groups' p-th powers (the weights then do not add up to the full case: a note says by how much).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from harness.spec.case import CaseSpec
+
+from harness.judge.checks import NORM_RTOL
+
+if TYPE_CHECKING:
+    from harness.judge.checks import CaseResult
+
+ADDITIVE_RTOL = 1e-3
+"""How far the full case's reported norm^p may be from the sum of the groups' before the clip is
+called non-linear in them (well above the fp32/bf16 rounding of a norm^p, well below a counting bug)."""
+
+
+@dataclass(frozen=True)
+class GroupWeight:
+    group: str
+    """Parameter names with their numeric path components as ``*`` (``layers.*.experts.lora_A``)."""
+    params: int
+    weight: float | None
+    """reported^p / true^p with gradients in this group only; None when it cannot be attributed."""
+    note: str = ""
+    """Why it could not be attributed, or the declared-vs-measured contradiction of its parameters."""
+
+    def line(self, tolerance: float) -> str:
+        what = self.note if self.weight is None else describe_weight(self.weight, tolerance)
+        extra = f" ({self.note})" if self.weight is not None and self.note else ""
+        return f"{self.group}: {what}{extra}"
+
+
+def group_name(param: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", param)
+
+
+def parameter_groups(names: Sequence[str]) -> dict[str, list[str]]:
+    """Parameters grouped by name with their indices as ``*``, in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(group_name(name), []).append(name)
+    return groups
+
+
+def group_only(case: CaseSpec, params: Sequence[str]) -> CaseSpec:
+    """``case`` with every trainable gradient outside ``params`` zero (present, so no code path that
+    skips a missing gradient is taken that the full case did not take)."""
+    injection = case.injection
+    others = {s.name for s in case.layout.trainable} - set(params)
+    sub_injection = dataclasses.replace(injection, zero=injection.zero | others)
+    return dataclasses.replace(case, variant=dataclasses.replace(case.variant, injection=sub_injection))
+
+
+def blame_reason(result: CaseResult) -> str | None:
+    """Why ``result`` is not blamed (None: blame it). Only a wrong norm of a finite p-norm is."""
+    case = result.case
+    if result.verdict != "FAIL" or not any(c.name == "norm" for c in result.failed):
+        return "the norm is right"
+    if not math.isfinite(case.norm_type):
+        return "an inf norm is a max, not a sum over groups"
+    if case.injection.nonfinite or not math.isfinite(result.truth) or result.truth == 0:
+        return "non-finite or zero gradients"
+    return None
+
+
+def blamed_rank(result: CaseResult) -> int:
+    """The rank whose report is farthest from the true norm (ranks may disagree: a missing reduction
+    is wrong differently on each); its reports are the ones weighed. Rank 0 on a tie."""
+    def distance(value: float | None) -> float:
+        if value is None or not math.isfinite(value):
+            return -1.0
+        return math.inf if value <= 0 else abs(math.log(value / result.truth))
+    return max(range(len(result.reported)), key=lambda r: (distance(result.reported[r]), -r), default=0)
+
+
+def weigh(group: str, params: Sequence[str], sub: CaseResult, norm_type: float,
+          mismatches: Mapping[str, Sequence[str]], rank: int = 0) -> GroupWeight:
+    """The weight of one group from its one-group run ``sub``, as ``rank`` reports it."""
+    reported = sub.reported[rank] if len(sub.reported) > rank else None
+    contradiction = "; ".join(dict.fromkeys(k for p in params for k in mismatches.get(p, ())))
+    if sub.truth == 0:
+        return GroupWeight(group, len(params), None, "no gradient on this layout")
+    if reported is None or not math.isfinite(reported):
+        failed = ", ".join(c.name for c in sub.failed) or "no report"
+        return GroupWeight(group, len(params), None, f"not attributable: its run gave no finite norm ({failed})")
+    return GroupWeight(group, len(params), (reported / sub.truth) ** norm_type, contradiction)
+
+
+def additivity_note(full: CaseResult, subs: Sequence[CaseResult], rank: int = 0) -> str | None:
+    """A note when the groups' norm^p (as ``rank`` reports them) do not add up to the full case's:
+    the clip is not linear in them, so each weight holds for its group alone."""
+    p = full.case.norm_type
+    reported = full.reported[rank] if len(full.reported) > rank else None
+    parts = [x for s in subs if len(s.reported) > rank and (x := s.reported[rank]) is not None]
+    if reported is None or len(parts) != len(subs) or not all(map(math.isfinite, [reported, *parts])):
+        return None
+    total = sum(x ** p for x in parts)
+    whole = reported ** p
+    if abs(total - whole) <= ADDITIVE_RTOL * max(whole, total):
+        return None
+    return (f"not additive over the groups (sum of the groups' norm^p {total:.6g} vs the full case's {whole:.6g}):"
+            " the clip is not linear in them, each weight holds for its group alone")
+
+
+def blame_tolerance(dtype: str) -> float:
+    """How close a weight must be to 1 (or 1/k, k) to be read as exact: a norm^2 carries twice the
+    norm's relative error, and the group's true norm its own."""
+    return 4 * NORM_RTOL[dtype]
+
+
+def blame_lines(result: CaseResult) -> list[str]:
+    """What the table, JUnit and fuzz print for a blamed case: one line per group, then the note."""
+    if not result.blame:
+        return []
+    tolerance = blame_tolerance(result.case.injection.dtype)
+    whose = [f"weights as rank {result.blame_rank} reports them (the rank farthest from the true norm)"] \
+        if result.blame_rank else []
+    return whose + [g.line(tolerance) for g in result.blame] + ([result.blame_note] if result.blame_note else [])
+
+
+def describe_weight(weight: float, tolerance: float) -> str:
+    """'counted once', 'counted 1/4 of its true weight', 'counted 2 times', 'counted 0.37x ...'."""
+    if weight == 0:
+        return "not counted at all"
+    if abs(weight - 1) <= tolerance:
+        return "counted once (its true weight)"
+    k = round(1 / weight) if weight < 1 else round(weight)
+    exact = k >= 2 and abs((1 / weight if weight < 1 else weight) - k) <= tolerance * k
+    if weight < 1:
+        return f"counted 1/{k} of its true weight" if exact else f"counted {weight:.4g} of its true weight"
+    return f"counted {k} times" if exact else f"counted {weight:.4g}x its true weight"

@@ -1,0 +1,123 @@
+"""The records clipcheck writes, as types: one judged case, one metamorphic group, one summary.
+
+The same dicts travel from the runner (rank 0's reporter) to the JSON Lines file, through the matrix
+merge, into JUnit, the compatibility table, the HTML page and ``harness.check``'s report, so their
+fields are declared once here. Numbers that may be non-finite are written as the strings "nan",
+"inf", "-inf" (``JsonNumber``) to keep every line valid JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Literal, TypeAlias, TypedDict, cast
+
+JsonNumber: TypeAlias = "float | int | str | None"
+"""A number as written: finite floats as themselves, non-finite ones as "nan"/"inf"/"-inf"."""
+
+Verdict: TypeAlias = Literal["PASS", "FAIL", "ERROR", "SKIP"]
+
+
+class CheckRecord(TypedDict):
+    passed: bool
+    detail: str
+
+
+class BlameRecord(TypedDict):
+    """The weight a target gave one parameter group (``harness.judge.blame.GroupWeight``)."""
+
+    group: str
+    params: int
+    weight: JsonNumber
+    note: str
+    line: str
+
+
+class CaseRecord(TypedDict):
+    """One case, written as soon as it is judged."""
+
+    type: Literal["case"]
+    framework: str | None
+    index: int
+    scenario: str
+    layout: str
+    mesh: dict[str, int]
+    target: str
+    norm_type: JsonNumber
+    norm: str
+    dtype: str
+    max_norm: float
+    clip_ratio: float | None
+    seed: int
+    world_size: int
+    backend: str
+    verdict: Verdict
+    true_norm: JsonNumber
+    measured_true_norm: JsonNumber
+    reported: list[JsonNumber]
+    ratio: JsonNumber
+    tolerance: float
+    coefficient: JsonNumber
+    checks: dict[str, CheckRecord]
+    signature: list[str]
+    errors: list[str | None]
+    measured_placements: dict[str, str]
+    declared_mismatches: list[str]
+    invariance_key: str | None
+    skip_reason: str | None
+    seconds: float
+    blame: list[BlameRecord]
+    blame_note: str
+    blame_rank: int
+
+
+class MetamorphicRecord(TypedDict):
+    """One group of layouts that must apply the same coefficient (same invariance key)."""
+
+    type: Literal["metamorphic"]
+    world_size: int
+    backend: str
+    scenario: str
+    target: str
+    norm: str
+    dtype: str
+    invariance_key: str
+    bound: str
+    coefficients: dict[str, float]
+    norms: dict[str, float]
+    gap: float
+    passed: bool
+
+
+class SummaryRecord(TypedDict):
+    """The counts that close a results file (``harness.judge.verdicts.Counts``)."""
+
+    type: Literal["summary"]
+    cases: int
+    passed: int
+    failed: int
+    harness_errors: int
+    unjudged: int
+    skipped: int
+    metamorphic_groups: int
+    metamorphic_failed: int
+    ok: bool
+    status: int
+
+
+Record: TypeAlias = "CaseRecord | MetamorphicRecord | SummaryRecord"
+
+
+def read_records(path: str) -> list[Record]:
+    """Every record of a JSON Lines results file (cases, metamorphic groups, the summary)."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def case_records(records: Iterable[Record]) -> list[CaseRecord]:
+    """The case records among ``records`` (in order)."""
+    return [cast(CaseRecord, r) for r in records if r.get("type") == "case"]
+
+
+def metamorphic_records(records: Iterable[Record]) -> list[MetamorphicRecord]:
+    """The metamorphic group records among ``records`` (in order)."""
+    return [cast(MetamorphicRecord, r) for r in records if r.get("type") == "metamorphic"]
