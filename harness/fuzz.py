@@ -22,6 +22,8 @@ from hypothesis import seed as hypothesis_seed
 
 from harness.judge.blame import blame_lines
 from harness.judge.checks import CaseResult
+from harness.judge.records import FuzzRecord
+from harness.report.reporter import case_json
 from harness.run.pool import RankPool
 from harness.run.on_pool import run_case_on_pool
 from harness.targets.registry import registered_targets
@@ -125,16 +127,7 @@ def describe(report: FuzzReport) -> list[str]:
     if report.passed:
         return [f"{head}: PASS"]
     lines = [f"{head}: FAIL (first failure at example {report.failed_at}, shrunk in {report.shrink_steps} steps)"]
-    assert report.minimal is not None
-    layout = report.minimal.variant.layout
-    lines.append(f"  minimal case: mesh {layout.describe()}, {len(layout.params)} param(s), "
-                 f"L{report.minimal.norm_type:g} {report.minimal.variant.injection.dtype}, "
-                 f"max_norm {report.minimal.max_norm:.6g}")
-    for spec in layout:
-        placement = ", ".join(f"{d}={p}" for d, p in spec.placements) or "replicated"
-        present = "" if spec.present_ranks is None else f" on ranks {sorted(spec.present_ranks)}"
-        lines.append(f"    {spec.name} {list(spec.shape)} {placement}{present}")
-    lines += [f"  {line}" for line in injection_lines(report.minimal.variant.injection, layout)]
+    lines += [f"  {line}" for line in minimal_case_lines(report)]
     if report.crash:
         lines.append(f"  not judged ({report.crash.splitlines()[0]}); the search stopped without shrinking")
     if report.result is not None:
@@ -145,6 +138,36 @@ def describe(report: FuzzReport) -> list[str]:
         lines += [f"      blame: {line}" for line in blame_lines(r)]
     lines.append(f"  replay: {report.replay}")
     return lines
+
+
+def minimal_case_lines(report: FuzzReport) -> list[str]:
+    """The minimal failing case in words: mesh, every parameter with its placements (and what the
+    plan declares where that differs), and everything the injection does."""
+    if report.minimal is None:
+        return []
+    variant = report.minimal.variant
+    layout = variant.layout
+    lines = [f"minimal case: mesh {layout.describe()}, {len(layout.params)} param(s), "
+             f"L{report.minimal.norm_type:g} {variant.injection.dtype}, max_norm {report.minimal.max_norm:.6g}"
+             f"{', DTensor parameters placed as declared' if variant.dtensor else ''}"]
+    for spec in layout:
+        placement = ", ".join(f"{d}={p}" for d, p in spec.placements) or "replicated"
+        present = "" if spec.present_ranks is None else f" on ranks {sorted(spec.present_ranks)}"
+        lies = {axis: p for axis, p in variant.declared.get(spec.name, {}).items() if p != spec.placement(axis)}
+        declared = "; declared " + ", ".join(f"{d}={p}" for d, p in lies.items()) if lies else ""
+        lines.append(f"  {spec.name} {list(spec.shape)} {placement}{present}{declared}")
+    return lines + injection_lines(variant.injection, layout)
+
+
+def fuzz_record(report: FuzzReport, backend: str) -> FuzzRecord:
+    """``report`` as one JSON Lines record (``clipcheck fuzz --json``)."""
+    return FuzzRecord(
+        type="fuzz", target=report.target, world_size=report.world_size, backend=backend,
+        examples=report.examples, seconds=round(report.seconds, 3), passed=report.passed,
+        failed_at=report.failed_at, shrink_steps=report.shrink_steps, crash=report.crash,
+        minimal=minimal_case_lines(report),
+        result=None if report.result is None else case_json(report.result, report.world_size, backend),
+        replay=report.replay)
 
 
 def injection_lines(injection: Injection, layout: Layout) -> list[str]:

@@ -20,7 +20,11 @@ What gets drawn:
   ``[1, a, b]`` replicated over ``ep``, or a per-expert module living only on the ranks of its owner
   (DeepSpeed style); sometimes every expert module belongs to one EP rank, so the others own none;
 * which parameters the framework's plan enumerates: the others get a fallback ``Replicate`` on ``ep``;
-* experts whose gradient is None (no tokens), all-zero gradients, a NaN or inf element;
+* sometimes DTensor parameters (when every parameter is on every rank), placed as the plan declares:
+  honest placements where the plan enumerates a parameter, a lying ``Replicate`` where it does not;
+* experts whose gradient is None (no tokens; plain parameters only: a DTensor gradient exists on
+  every rank of its mesh), all-zero gradients, a NaN or inf element on any rank's slice (gloo's float
+  MAX keeps a NaN only where rank 0 holds it, so which rank holds it matters);
 * dtype, norm type, and a clip bound below or above the true norm.
 """
 
@@ -35,7 +39,7 @@ from hypothesis import strategies as st
 from harness.spec.axes import MeshAxis
 from harness.spec.case import DeclaredPlan, Variant
 from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param
+from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
 from harness.spec.constructive import constructive_norm
 from harness.spec.scenario import Scenario, ScenarioOptions
 
@@ -76,8 +80,9 @@ context-parallel replicas (after fsdp). None first: hypothesis shrinks towards t
 
 
 @st.composite
-def meshes(draw: Any, world_size: int) -> MeshSpec:
-    extra = draw(st.sampled_from(EXTRA_AXES))
+def meshes(draw: Any, world_size: int, stages: bool = True) -> MeshSpec:
+    """A mesh for ``world_size`` ranks; ``stages=False`` leaves out pipeline stages."""
+    extra = draw(st.sampled_from(EXTRA_AXES if stages else tuple(a for a in EXTRA_AXES if a != MeshAxis.PP)))
     outer = draw(st.sampled_from(_divisors(world_size)[1:])) if extra is not None and world_size > 1 else 1
     rest = world_size // outer
     ep = draw(st.sampled_from(_divisors(rest)))
@@ -102,10 +107,11 @@ def stage_ranks(draw: Any, mesh: MeshSpec) -> frozenset[int] | None:
 
 
 @st.composite
-def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int | None) -> ParamSpec:
-    """One parameter of a drawn kind; ``owner`` pins every expert module to one EP coordinate."""
+def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int | None,
+                kinds: tuple[str, ...] = KINDS) -> ParamSpec:
+    """One parameter of one of ``kinds``; ``owner`` pins every expert module to one EP coordinate."""
     fsdp, ep, tp = mesh.size(MeshAxis.FSDP), mesh.size(MeshAxis.EP), mesh.size(MeshAxis.TP)
-    kind = draw(st.sampled_from(KINDS))
+    kind = draw(st.sampled_from(kinds))
     # at least 2 x 2 elements per local slice: distinct slices then differ in some element even in
     # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
     a = fsdp * draw(st.integers(2, 3))
@@ -126,13 +132,16 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
 
 
 @st.composite
-def layouts(draw: Any, world_size: int) -> tuple[Layout, DeclaredPlan]:
-    """A layout and the framework's declared plan for it (true where enumerated, else fallback)."""
-    mesh = draw(meshes(world_size))
+def layouts(draw: Any, world_size: int, dtensor: bool = False) -> tuple[Layout, DeclaredPlan]:
+    """A layout and the framework's declared plan for it (true where enumerated, else fallback).
+    ``dtensor``: one DTensor parameters can have, every parameter on every rank (no pipeline
+    stages, no per-owner expert modules)."""
+    mesh = draw(meshes(world_size, stages=not dtensor))
     experts = mesh.size(MeshAxis.EP) * draw(st.integers(1, 2))
     owner = 0 if draw(st.booleans()) and mesh.size(MeshAxis.EP) > 1 else None
     count = draw(st.integers(1, 5))
-    specs = tuple(draw(param_specs(mesh, i, experts, owner)) for i in range(count))
+    kinds = tuple(k for k in KINDS if k != "expert_module") if dtensor else KINDS
+    specs = tuple(draw(param_specs(mesh, i, experts, owner, kinds)) for i in range(count))
     layout = Layout(mesh, specs)
     declared: dict[str, dict[str, Placement]] = {}
     for spec in layout:
@@ -143,19 +152,44 @@ def layouts(draw: Any, world_size: int) -> tuple[Layout, DeclaredPlan]:
     return layout, declared
 
 
+def _slices_away_from_rank_zero(layout: Layout, name: str) -> list[int]:
+    """Ranks whose slice of ``name`` rank 0 does not hold (where a float MAX can drop a NaN)."""
+    spec = layout.param(name)
+    zero = layout.local_box(spec, 0)
+    return [r for r in range(layout.mesh.world_size) if (box := layout.local_box(spec, r)) is not None and box != zero]
+
+
 @st.composite
-def injections(draw: Any, layout: Layout, seed: int = 0) -> Injection:
+def nonfinite_elements(draw: Any, layout: Layout, names: list[str]) -> tuple[str, int]:
+    """A parameter and the flat logical index of a non-finite element in the slice of a drawn rank.
+
+    Where the element sits decides what a float MAX keeps (gloo's keeps a NaN only where rank 0
+    holds it), so half the draws pick a slice rank 0 does not hold, when there is one. The rank is
+    drawn last rank first (hypothesis shrinks towards the first choice, so a minimal case keeps its
+    element away from rank 0), then an element inside that rank's slice; its replicas carry it too."""
+    away_names = [n for n in names if _slices_away_from_rank_zero(layout, n)]
+    name = draw(st.one_of(st.sampled_from(away_names), st.sampled_from(names)) if away_names
+                else st.sampled_from(names))
+    spec = layout.param(name)
+    holders = [r for r in range(layout.mesh.world_size) if layout.local_box(spec, r) is not None]
+    away = _slices_away_from_rank_zero(layout, name)
+    ranks = st.sampled_from(holders[::-1])
+    box = layout.local_box(spec, draw(st.one_of(st.sampled_from(away[::-1]), ranks) if away else ranks))
+    assert box is not None
+    index = tuple(draw(st.integers(a, b - 1)) for a, b in box)
+    return name, ravel(index, spec.shape)
+
+
+@st.composite
+def injections(draw: Any, layout: Layout, seed: int = 0, dtensor: bool = False) -> Injection:
     names = [s.name for s in layout.trainable]
     none_on = {}
-    for name in draw(st.lists(st.sampled_from(names), max_size=2, unique=True)):
+    for name in draw(st.lists(st.sampled_from(names), max_size=0 if dtensor else 2, unique=True)):
         none_on[name] = frozenset({draw(st.integers(0, layout.mesh.world_size - 1))})
     zero = draw(st.lists(st.sampled_from(names), max_size=1, unique=True))
     nonfinite = []
     if draw(st.booleans()):  # often: where a NaN sits decides whether a float MAX drops it
-        name = draw(st.sampled_from(names))
-        last = layout.param(name).numel - 1
-        # hypothesis favours small integers, i.e. rank 0's shard; the last element sits on the last rank
-        flat = draw(st.one_of(st.just(last), st.integers(0, last)))
+        name, flat = draw(nonfinite_elements(layout, names))
         nonfinite.append((name, flat, draw(st.sampled_from(["nan", "nan", "inf", "-inf"]))))
     return Injection(seed=seed, dtype=draw(st.sampled_from(DTYPES)), zero=frozenset(zero),
                      none_on=tuple(none_on.items()), nonfinite=tuple(nonfinite))
@@ -163,12 +197,15 @@ def injections(draw: Any, layout: Layout, seed: int = 0) -> Injection:
 
 @st.composite
 def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
-    layout, declared = draw(layouts(world_size))
-    injection = draw(injections(layout, seed=draw(st.integers(0, 2**16))))
+    # DTensor parameters in about one case in three, decided first so that it is a top-level choice
+    dtensor = draw(st.integers(0, 2)) == 2
+    layout, declared = draw(layouts(world_size, dtensor))
+    injection = draw(injections(layout, seed=draw(st.integers(0, 2**16)), dtensor=dtensor))
     # with a NaN or inf gradient the inf norm is where clips differ most (a float MAX may drop a NaN)
     norm_type = draw(st.sampled_from(NONFINITE_NORM_TYPES if injection.nonfinite else NORM_TYPES))
     truth = constructive_norm(layout, injection, norm_type)
     factor = draw(st.sampled_from(CLIP_FACTORS))
     max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0
-    variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared)
+    variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,
+                      dtensor=dtensor)
     return DrawnCase(variant, norm_type, max_norm, world_size)

@@ -8,6 +8,8 @@ misses every other stage's gradients; the norm needs one more reduction, over ``
   hold the same logical gradient (all-reduced between them, bit-identical): it counts once, not once
   per stage (Megatron-LM PR #7228, DeepSpeed PR #1252). With ``pp=1`` it is the single-stage control;
   every ``pp`` split holds the same logical gradients, so every correct clip gives them one norm.
+* ``untied``: the same stages with a separate output head on the last stage (what torchtitan builds
+  under PP, where it refuses weight tying): every parameter on exactly one stage.
 * ``moe stages``: with ``ep > 1``, stage 0 is dense only (embedding and the first layers), the later
   stages hold experts sharded over ``ep``: the ranks of a dense-only stage have no expert gradient at
   all and must still join every reduction (torchtitan PRs #1541 and #2270: ``get_total_norm([])``).
@@ -32,17 +34,19 @@ def _stage(layer: int, layers: int, pp: int) -> int:
     return layer * pp // layers
 
 
-def _dense_layout(world_size: int, pp: int) -> Layout:
+def _dense_layout(world_size: int, pp: int, tied: bool = True) -> Layout:
     mesh = MeshSpec.of(pp=pp, dp=world_size // pp)
     fsdp: dict[str, Any] = {MeshAxis.DP: Shard(0)}
     last = pp - 1
-    specs = [param("tok_embeddings.weight", (VOCAB, WIDTH), present_ranks=mesh.ranks_on(MeshAxis.PP, (0, last)),
-                   **fsdp)]
+    specs = [param("tok_embeddings.weight", (VOCAB, WIDTH),
+                   present_ranks=mesh.ranks_on(MeshAxis.PP, (0, last) if tied else (0,)), **fsdp)]
     for i in range(DENSE_LAYERS):
         on_stage = mesh.ranks_on(MeshAxis.PP, (_stage(i, DENSE_LAYERS, pp),))
         specs.append(param(f"layers.{i}.attention.weight", (WIDTH, WIDTH), present_ranks=on_stage, **fsdp))
         specs.append(param(f"layers.{i}.attention_norm.weight", (WIDTH,), present_ranks=on_stage))
     specs.append(param("norm.weight", (WIDTH,), present_ranks=mesh.ranks_on(MeshAxis.PP, (last,))))
+    if not tied:
+        specs.append(param("output.weight", (VOCAB, WIDTH), present_ranks=mesh.ranks_on(MeshAxis.PP, (last,)), **fsdp))
     return Layout(mesh, tuple(specs))
 
 
@@ -65,7 +69,7 @@ class PipelineStages(Scenario):
     name = "pipeline_stages"
     summary = "pp stages with disjoint params, an embedding tied across first and last, dense-only stages"
     uses_ep = True
-    default_targets = ("reference", "torch")
+    default_targets = ("reference", "torch", "torchtitan-pp")
     default_norm_types = (2.0, float("inf"))
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
@@ -80,6 +84,7 @@ class PipelineStages(Scenario):
         if 1 in eps:
             for pp in (k for k in range(1, world_size + 1) if world_size % k == 0 and WIDTH % (world_size // k) == 0):
                 add(_dense_layout(world_size, pp), "tied embedding", "pp-dense", None)
+                add(_dense_layout(world_size, pp, tied=False), "untied", "pp-dense-untied", None)
         for ep in (k for k in eps if k > 1 and world_size // k >= 2):
             add(_moe_layout(world_size // ep, ep), "moe stages", "pp-moe", ep)
         return out

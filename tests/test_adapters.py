@@ -77,6 +77,29 @@ def test_torchtitan_trusts_placements(adapters_world4):
     assert "raised" in failed(no_ep) and "must have the same mesh" in no_ep["checks"]["raised"]["detail"]
 
 
+@pytest.fixture(scope="module")
+def stages_world4(tmp_path_factory):
+    return run_harness(4, ["--scenario", "pipeline_stages", "--target", "torchtitan-pp,reference", "--dtype", "fp32"],
+                       tmp_path_factory.mktemp("stages"))
+
+
+def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
+    run = stages_world4
+    if TORCHTITAN.unavailable():
+        expect_skips(run, "torchtitan-pp", TORCHTITAN)
+        return
+    cases = run.cases(target="torchtitan-pp")
+    layouts = {c["layout"] for c in cases}
+    # pp=1, 2, 4 untied and the single-stage tied control: L2 and inf, bound below and above
+    assert layouts == {"pp=1 dp=4 tied embedding", "pp=1 dp=4 untied", "pp=2 dp=2 untied", "pp=4 dp=1 untied"}
+    assert len(cases) == 16 and all(c["verdict"] == "PASS" for c in cases), [
+        (c["layout"], failed(c)) for c in cases if c["verdict"] != "PASS"]
+    # layouts torchtitan itself rejects are refused with its reason, not judged
+    assert "refuses some pipeline_stages layouts: a weight tied across stages" in run.stdout
+    assert "expert stages (EP with PP) are not modelled" in run.stdout
+    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
+
+
 def test_megatron_tp_duplicate_filter(adapters_world4):
     run = adapters_world4
     if MEGATRON.unavailable():

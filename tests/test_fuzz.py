@@ -1,13 +1,15 @@
 """Fuzzing: the strategies draw valid cases, the reference survives the budget every mutant is found
 within (tests/test_catalogue.py), failures shrink to a minimal case, and the replay blob reproduces it."""
 
+import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 
 from harness.fuzz import describe, fuzz
 from harness.spec.injection import local_grad
+from harness.spec.layout import box_contains, unravel
 from harness.targets.mutants.catalogue import FUZZ_BUDGET, FUZZ_WORLD
 from harness.spec.blob import decode, encode
 from harness.strategies import drawn_cases
@@ -33,12 +35,48 @@ def test_drawn_cases_are_valid_and_round_trip_through_a_blob(drawn):
     assert target == "reference"
     assert again.variant.layout == layout and again.variant.injection == drawn.variant.injection
     assert dict(again.variant.declared) == dict(drawn.variant.declared)
+    assert again.variant.dtensor == drawn.variant.dtensor
     assert (again.norm_type, again.max_norm, again.world_size) == (drawn.norm_type, drawn.max_norm, WORLD)
     for spec in layout.trainable:
         for rank in range(WORLD):
             a = local_grad(layout, drawn.variant.injection, spec, rank)
             b = local_grad(again.variant.layout, again.variant.injection, again.variant.layout.param(spec.name), rank)
             assert (a is None) == (b is None)
+
+
+def _lies(variant):
+    return any(p != variant.layout.param(name).placement(axis)
+               for name, axes in variant.declared.items() for axis, p in axes.items())
+
+
+def _nan_away_from_rank_zero(drawn):
+    layout, injection = drawn.variant.layout, drawn.variant.injection
+    for name, flat, kind in injection.nonfinite:
+        box = layout.local_box(layout.param(name), 0)
+        if kind == "nan" and (box is None or not box_contains(box, unravel(flat, layout.param(name).shape))):
+            return math.isinf(drawn.norm_type)
+    return False
+
+
+@pytest.mark.parametrize("wanted", [
+    lambda d: d.variant.dtensor and _lies(d.variant),          # DTensors placed as a lying plan says
+    lambda d: d.variant.dtensor and not _lies(d.variant),      # ... and as an honest one
+    _nan_away_from_rank_zero,                                   # where gloo's float MAX drops a NaN
+    lambda d: d.variant.layout.mesh.has("pp") and any(         # a weight tied across pipeline stages
+        s.present_ranks is not None and len(s.present_ranks) > d.variant.layout.mesh.world_size
+        // d.variant.layout.mesh.size("pp") for s in d.variant.layout),
+], ids=["dtensor-lying", "dtensor-honest", "nan-away-from-rank-0", "tied-stages"])
+def test_the_strategies_reach_what_the_fixed_scenarios_reach(wanted):
+    found = find(drawn_cases(world_size=WORLD), wanted, settings=settings(max_examples=2000, deadline=None,
+                                                                          database=None))
+    assert wanted(found)
+
+
+def test_a_dtensor_minimal_case_reads_on_its_own(world4):
+    report = fuzz("mutant-dtensor-copy-scaled", world4, BUDGET, derandomize=True)
+    assert not report.passed and report.minimal.variant.dtensor
+    text = "\n".join(describe(report))
+    assert "DTensor parameters placed as declared" in text and "coefficient: " in text
 
 
 def test_reference_survives_the_budget(world4):
@@ -73,6 +111,21 @@ def test_fuzz_command_line(tmp_path):
     assert "replay: " in found.stdout
     bad = run_cli(["fuzz", "--target", "nope"])
     assert bad.returncode == 2 and "unknown target 'nope'" in bad.stderr
+
+
+def test_fuzz_writes_one_json_record_per_target(tmp_path):
+    out = tmp_path / "fuzz.jsonl"
+    proc = run_cli(["fuzz", "--target", "mutant-scales-up,reference", "--examples", "30", "--world", "2",
+                    "--seed", "1", "--json", str(out)])
+    assert proc.returncode == 1, proc.stderr
+    found, survived = [json.loads(line) for line in out.read_text().splitlines()]
+    assert found["type"] == "fuzz" and found["target"] == "mutant-scales-up" and not found["passed"]
+    assert found["minimal"][0].startswith("minimal case: mesh ") and found["replay"].count("--replay cc1.") == 1
+    assert found["result"]["verdict"] == "FAIL" and not found["result"]["checks"]["coefficient"]["passed"]
+    assert survived["target"] == "reference" and survived["passed"] and survived["examples"] == 30
+    assert survived["result"] is None and survived["minimal"] == []
+    bad = run_cli(["fuzz", "--target", "reference", "--json", str(tmp_path / "no" / "such.jsonl")])
+    assert bad.returncode == 2 and "--json" in bad.stderr and "no such directory" in bad.stderr
 
 
 def test_a_bad_blob_is_a_clean_error():

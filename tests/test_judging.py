@@ -165,6 +165,9 @@ def test_agree_check_fails_when_ranks_differ_by_one_ulp():
     truth, scale = correct(case)
     result, _ = judge(case, [truth, math.nextafter(truth, math.inf)], scale)
     assert failed(result) == {"agree"}
+    # the detail shows the two values with every digit, and how far apart they are
+    (detail,) = [c.detail for c in result.checks if c.name == "agree"]
+    assert f"0: {truth!r}, 1: {math.nextafter(truth, math.inf)!r}" in detail and "apart by 1 ulp" in detail
 
 
 def test_coefficient_check_fails_without_clipping_and_on_partial_clipping():

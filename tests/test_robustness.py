@@ -66,6 +66,14 @@ def test_a_fault_fails_its_own_check_on_finite_and_nan_cases(faults_world2, name
         assert expected_check(name) in failed_checks(case), (case["layout"], failed_checks(case))
 
 
+def test_a_wrong_return_type_is_reported_at_the_users_function(faults_world2):
+    for case in faults_world2.cases(target=f"{BROKEN}:returns_none"):
+        detail = case["checks"]["contract"]["detail"]
+        line = inspect.getsourcelines(broken_targets.returns_none)[1]
+        assert f"returned by returns_none at {broken_targets.__file__}:{line}" in detail, detail
+        assert "harness/" not in detail, detail
+
+
 def test_the_reference_after_every_fault_passes(faults_world2):
     run = faults_world2
     assert [c["verdict"] for c in run.cases(target="reference")] == ["PASS"] * FSDP_LAYOUTS * len(JUDGED_FAULTS)

@@ -8,10 +8,12 @@ Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Sequence
 
-from harness.fuzz import describe, fuzz
+from harness.commands.options import unwritable
+from harness.fuzz import describe, fuzz, fuzz_record
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 from harness.run.devices import world_problem
 from harness.run.pool import RankPool
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-shrink", action="store_true", help="report the first failure as found")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may block (default 30)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="write one JSON Lines record per target (its minimal case, verdict, blame and replay)")
     return p
 
 
@@ -44,6 +48,9 @@ def main(argv: Sequence[str]) -> int:
             resolve_target(t, registered_targets())
         if not args.timeout > 0:
             raise LoadError("--timeout must be positive")
+        problem = unwritable(args.json)
+        if problem:
+            raise LoadError(f"--json {args.json}: {problem}")
         problem = world_problem(args.world, args.backend or default_backend())
         if problem:  # the one world asked for cannot run here: bad input, before any process starts
             raise LoadError(problem)
@@ -51,10 +58,19 @@ def main(argv: Sequence[str]) -> int:
         print(f"clipcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     status = EXIT_PASS
-    with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
-        for t in targets:
-            report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
-            if not report.passed:
-                status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
-            print("\n".join(describe(report)), flush=True)
+    backend = args.backend or default_backend()
+    records = open(args.json, "w", encoding="utf-8") if args.json else None
+    try:
+        with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
+            for t in targets:
+                report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
+                if not report.passed:
+                    status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
+                print("\n".join(describe(report)), flush=True)
+                if records is not None:  # as each target finishes: an interrupted run keeps what it found
+                    records.write(json.dumps(fuzz_record(report, backend)) + "\n")
+                    records.flush()
+    finally:
+        if records is not None:
+            records.close()
     return status

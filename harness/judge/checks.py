@@ -308,8 +308,22 @@ def judge_agree(j: Judgement) -> Outcome:
     if j.raised:
         return None
     values = {repr(v) for v in j.reported}
-    return len(values) == 1, "" if len(values) == 1 else "ranks report " + ", ".join(
-        f"{r}: {_fmt(v)}" for r, v in enumerate(j.reported))
+    return len(values) == 1, "" if len(values) == 1 else disagreement(j.reported)
+
+
+def disagreement(reported: Sequence[float | None]) -> str:
+    """Each rank's norm with every digit (``repr``: the shortest string that round-trips), and how
+    far apart the finite ones are in units in the last place, so a disagreement in the 17th digit
+    reads as one and not as equal numbers printed twice."""
+    shown = ", ".join(f"{r}: {v!r}" for r, v in enumerate(reported))
+    finite = [v for v in reported if v is not None and math.isfinite(v)]
+    if len(finite) < 2 or min(finite) == max(finite):
+        return f"ranks report {shown}"
+    lo, hi = min(finite), max(finite)
+    apart = round((hi - lo) / math.ulp(max(abs(lo), abs(hi))))
+    if apart <= 1 << 20:
+        return f"ranks report {shown} (apart by {apart} ulp of float64)"
+    return f"ranks report {shown} (relative spread {(hi - lo) / max(abs(lo), abs(hi)):.3g})"
 
 
 def expected_coefficient(j: Judgement) -> float:

@@ -104,6 +104,26 @@ class SummaryRecord(TypedDict):
     status: int
 
 
+class FuzzRecord(TypedDict):
+    """One target's fuzz run (``clipcheck fuzz --json``): written as soon as that target is done."""
+
+    type: Literal["fuzz"]
+    target: str
+    world_size: int
+    backend: str
+    examples: int
+    seconds: float
+    passed: bool
+    failed_at: int | None
+    shrink_steps: int
+    crash: str | None
+    minimal: list[str]
+    """The minimal case in words (mesh, parameters, injection), as ``clipcheck fuzz`` prints it."""
+    result: CaseRecord | None
+    """The minimal case as judged (blame included where it ran)."""
+    replay: str | None
+
+
 Record: TypeAlias = "CaseRecord | MetamorphicRecord | SummaryRecord"
 
 

@@ -20,6 +20,8 @@ Every rank executes the same collectives in the same order whatever the function
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 import traceback
 from typing import Any, Callable
@@ -48,6 +50,19 @@ def describe_exception(exc: BaseException) -> str:
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {message[:300]}{where}"
+
+
+def where_defined(fn: Callable[..., Any]) -> str:
+    """``name at file:line`` of a callable (through ``functools.partial`` and decorators), for a
+    fault that is the function's own but is noticed after it returned."""
+    inner = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    name = getattr(inner, "__qualname__", None) or type(inner).__name__
+    try:
+        code = inspect.getsourcefile(inner) or inspect.getfile(inner)
+        line = inspect.getsourcelines(inner)[1]
+    except (TypeError, OSError):
+        return name
+    return f"{name} at {code}:{line}"
 
 
 def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
@@ -132,8 +147,8 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     if error is None:
         try:
             reported = reported_value(value)
-        except TypeError as exc:
-            fault = str(exc)
+        except TypeError as exc:  # reported at the user's function, not at the harness line that read it
+            fault = f"{exc} (returned by {where_defined(target.fn)})"
     if not dist.is_initialized() or dist.group.WORLD is not default_group:
         fault, broken = "the clip function destroyed or replaced the default process group", True
     if any(s["error"] is not None or s.get("broken")

@@ -64,6 +64,7 @@ def encode(drawn: DrawnCase, target: str) -> str:
             for s in layout
         ],
         "declared": {n: {d: _placement(p) for d, p in axes.items()} for n, axes in variant.declared.items()},
+        "dtensor": variant.dtensor,
         "injection": {
             "seed": injection.seed, "dtype": injection.dtype, "scale": injection.scale,
             "zero": sorted(injection.zero), "none_on": {n: sorted(r) for n, r in injection.none_on},
@@ -96,7 +97,8 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
                               none_on=tuple((n, frozenset(r)) for n, r in inj["none_on"].items()),
                               nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
         declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
-        variant = Variant(doc["label"], Layout(mesh, params), injection, declared)
+        variant = Variant(doc["label"], Layout(mesh, params), injection, declared,
+                          dtensor=bool(doc.get("dtensor", False)))
         world = int(doc["world"])
         if not 1 <= world <= MAX_WORLD:
             raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")

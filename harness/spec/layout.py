@@ -335,6 +335,14 @@ def box_contains(box: Box, index: tuple[int, ...]) -> bool:
     return all(a <= i < b for (a, b), i in zip(box, index))
 
 
+def ravel(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    """Flat row-major index of a multi-index (the inverse of ``unravel``)."""
+    flat = 0
+    for i, size in zip(index, shape):
+        flat = flat * size + i
+    return flat
+
+
 def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major multi-index of a flat logical index."""
     if not 0 <= flat < math.prod(shape):

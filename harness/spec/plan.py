@@ -114,6 +114,10 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                     plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
                                  f"{name} {variant.label} has parameters on some ranks only"] += 1
                     continue
+                refusal = resolved.refuses(variant) if resolved.refuses is not None else None
+                if refusal is not None:
+                    plan.dropped[f"target {target_name} refuses some {name} layouts: {refusal}"] += 1
+                    continue
                 if resolved.dtypes is not None and variant.injection.dtype not in resolved.dtypes:
                     plan.dropped[f"target {target_name} supports dtype {', '.join(resolved.dtypes)} only"] += 1
                     continue

@@ -38,6 +38,9 @@ class Target:
     * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
       model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
       parameters, as long as names and local shapes stay those of the layout.
+    * ``refuses``: ``refuses(variant) -> reason | None``, for layouts the framework itself rejects
+      before any clip runs (torchtitan raises on weight tying under PP, say): such cases are dropped
+      and counted with the reason, since judging a clip the framework never lets run says nothing.
     """
 
     name: str
@@ -50,6 +53,7 @@ class Target:
     norm_types: tuple[float, ...] | None = None
     requires: Framework | None = None
     dress: Callable[..., None] | None = None
+    refuses: Callable[[Any], str | None] | None = None
 
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from harness.targets.target import Target
 from . import (
     cp_replicas_summed,
+    dtensor_copy_scaled,
     empty_expert_list,
     empty_rank_zero,
     experts_dropped,
@@ -64,6 +65,7 @@ _MODULES = (
     inf_path_typeerror,
     inf_root_applied,
     generator_exhausted,
+    dtensor_copy_scaled,
 )
 
 MUTANTS: dict[str, Target] = {
