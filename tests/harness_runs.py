@@ -80,3 +80,20 @@ def run_cli(args: list[str], env_extra: dict[str, str] | None = None,
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def failed(case: dict[str, Any]) -> set[str]:
+    """The names of a case record's failed checks."""
+    return {name for name, check in case["checks"].items() if not check["passed"]}
+
+
+def expect_skips(run: HarnessRun, framework: Any, *targets: str) -> None:
+    """Where ``framework`` is not installed: every case of each target is a SKIP whose reason carries
+    its install hint (never a failure), and the summary counts them."""
+    total = 0
+    for target in targets:
+        cases = run.cases(target=target)
+        assert cases and all(c["verdict"] == "SKIP" for c in cases), target
+        assert all(framework.install in c["skip_reason"] for c in cases), target
+        total += len(cases)
+    assert run.summary["skipped"] >= total

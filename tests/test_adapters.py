@@ -10,7 +10,7 @@ from harness.scenarios.megatron import FRAMEWORK as MEGATRON
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness.targets.frameworks import Framework
-from harness_runs import run_harness
+from harness_runs import expect_skips, failed, run_harness
 
 pytestmark = pytest.mark.distributed
 
@@ -22,21 +22,14 @@ def adapters_world4(tmp_path_factory):
                        tmp_path_factory.mktemp("adapters"))
 
 
-def expect_skips(run, target, framework):
-    cases = run.cases(target=target)
-    assert cases and all(c["verdict"] == "SKIP" for c in cases)
-    assert all(framework.install in c["skip_reason"] for c in cases)
-    assert run.summary["skipped"] >= len(cases)
 
 
-def failed(case):
-    return {n for n, c in case["checks"].items() if not c["passed"]}
 
 
 def test_deepspeed_fp32_clip_averages_local_norms(deepspeed_world2):
     run = deepspeed_world2
     if DEEPSPEED.unavailable():
-        expect_skips(run, "deepspeed", DEEPSPEED)
+        expect_skips(run, DEEPSPEED, "deepspeed")
         return
     for target in ("deepspeed", "deepspeed-engine"):
         for case in run.cases(target=target):
@@ -64,7 +57,7 @@ def test_deepspeed_engine_is_l2_only(deepspeed_world2):
 def test_torchtitan_trusts_placements(adapters_world4):
     run = adapters_world4
     if TORCHTITAN.unavailable():
-        expect_skips(run, "torchtitan", TORCHTITAN)
+        expect_skips(run, TORCHTITAN, "torchtitan")
         return
     honest = run.cases(target="torchtitan", layout="efsdp=2 ep=2 honest")
     assert len(honest) == 8 and all(c["verdict"] == "PASS" for c in honest)  # L2/inf x fp32/bf16 x 2 bounds
@@ -86,7 +79,7 @@ def stages_world4(tmp_path_factory):
 def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
     run = stages_world4
     if TORCHTITAN.unavailable():
-        expect_skips(run, "torchtitan-pp", TORCHTITAN)
+        expect_skips(run, TORCHTITAN, "torchtitan-pp")
         return
     cases = run.cases(target="torchtitan-pp")
     layouts = {c["layout"] for c in cases}
@@ -103,7 +96,7 @@ def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
 def test_megatron_tp_duplicate_filter(adapters_world4):
     run = adapters_world4
     if MEGATRON.unavailable():
-        expect_skips(run, "megatron", MEGATRON)
+        expect_skips(run, MEGATRON, "megatron")
         return
     for case in run.cases(target="megatron"):
         assert case["framework"] == "megatron-core 0.16.1"
@@ -129,7 +122,7 @@ def test_fsdp2_one_mesh_exact_mixed_meshes_raise_clearly(adapters_world4):
 def test_xorl_runs_where_importable_and_skips_with_the_hint_elsewhere(adapters_world4):
     run = adapters_world4
     if XORL.unavailable():
-        expect_skips(run, "xorl", XORL)
+        expect_skips(run, XORL, "xorl")
         assert "the PyPI 'xorl' is another project" in run.cases(target="xorl")[0]["skip_reason"]
         return
     minimax = run.one(target="xorl", layout="ep=2 ep_fsdp=2 plan=minimax_m3 hybrid_shared=False")

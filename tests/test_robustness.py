@@ -170,7 +170,13 @@ def test_interrupting_the_matrix_leaves_no_process_and_merges_what_finished(tmp_
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(_descendants(proc.pid)) < 3:  # the launch and its two ranks
         time.sleep(0.5)
-    time.sleep(8)  # the reference case finishes; the hang begins
+    # the reference case is written as soon as it is judged; then the hang begins (poll, not a fixed
+    # sleep: on a loaded machine the first case can take far longer than usual)
+    launch_results = out / "world2-gloo.jsonl"
+    while time.monotonic() < deadline and '"target": "reference"' not in (
+            launch_results.read_text() if launch_results.exists() else ""):
+        time.sleep(0.5)
+    time.sleep(1)
     family = _descendants(proc.pid)
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=90)

@@ -8,6 +8,7 @@ on every rank, clipping the gradients in place and returning the total norm as a
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -26,6 +27,28 @@ ClipFn = Callable[..., Any]
 
 
 @dataclass(frozen=True)
+class Finding:
+    """What a real framework's failures on some layouts are, for the compatibility table: a known
+    upstream report, or a new finding with what a user should report upstream. A FAIL that matches
+    no finding of its target is shown as unexplained (nobody has looked at it yet)."""
+
+    layouts: str
+    """fnmatch pattern on the variant label ("*tp experts plain*")."""
+    upstream: str | None
+    """The matching report ("meta-pytorch/torchtune #2420"); None for a new finding."""
+    note: str
+    """The mechanism in a few words; for a new finding, what to report (with the replay command)."""
+    norms: tuple[str, ...] = ()
+    """Norm labels it applies to ("L2", "Linf"); empty for every norm."""
+
+    def matches(self, layout: str, norm: str) -> bool:
+        return fnmatch.fnmatchcase(layout, self.layouts) and (not self.norms or norm in self.norms)
+
+    def describe(self) -> str:
+        return f"{self.upstream}: {self.note}" if self.upstream else f"new finding: {self.note}"
+
+
+@dataclass(frozen=True)
 class Target:
     """A clip function under test, and what it needs.
 
@@ -38,6 +61,7 @@ class Target:
     * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
       model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
       parameters, as long as names and local shapes stay those of the layout.
+    * ``findings``: what its known failures are (``Finding``), for the compatibility table.
     * ``refuses``: ``refuses(variant) -> reason | None``, for layouts the framework itself rejects
       before any clip runs (torchtitan raises on weight tying under PP, say): such cases are dropped
       and counted with the reason, since judging a clip the framework never lets run says nothing.
@@ -54,6 +78,7 @@ class Target:
     requires: Framework | None = None
     dress: Callable[..., None] | None = None
     refuses: Callable[[Any], str | None] | None = None
+    findings: tuple[Finding, ...] = ()
 
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()
@@ -106,15 +131,23 @@ def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) 
     return total.full_tensor() if isinstance(total, DTensor) else total
 
 
+GLOO_NAN_MAX = ("the inf norm of a sharded DTensor is Partial(max), reduced by a bare all_reduce(MAX), and gloo's "
+                "float MAX keeps a NaN only where rank 0 holds it: a finite norm is reported and the NaN stays in "
+                "the gradients (report to pytorch/pytorch: MAX reductions should propagate NaN; unverified on nccl)")
+"""A finding shared by every clip whose inf norm is a DTensor MAX reduction on gloo."""
+
 BUILTIN_TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
         Target("reference", reference.clip_grad_norm,
                "layout-aware reference: sum |g|^p / replica count, one all-reduce, one root"),
         Target("torch", torch_local,
-               "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)"),
+               "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)",
+               findings=(Finding("*", "by design, not a torch bug", "clip_grad_norm_ on plain tensors is rank-local: "
+                                 "the naive control every sharded layout fails"),)),
         Target("torch-dtensor", torch_dtensor,
-               "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True),
+               "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
+               findings=(Finding("*nan on last rank*", None, GLOO_NAN_MAX, norms=("Linf",)),)),
     )
 }
 

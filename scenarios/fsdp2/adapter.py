@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.spec.model import parameter_values
-from harness.targets.target import Target
+from harness.targets.target import Finding, Target
 
 from .scenario import CASE, WORLD, FsdpWrapping
 
@@ -65,5 +65,8 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.
 
 TARGETS = (
     Target("torch-fsdp2", clip, "torch.nn.utils.clip_grad_norm_ on an FSDP2 (fully_shard) model",
-           origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress),
+           origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress,
+           findings=(
+               Finding("*mixed meshes*", "pytorch/pytorch #180346",
+                       "torch.stack of norms from two meshes raises"),)),
 )

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from harness.run.devices import accelerator_for
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext, context
-from harness.targets.target import Target
+from harness.targets.target import Finding, Target
 
 from .framework import FRAMEWORK as MEGATRON
 from .scenario import MegatronMarks, ParamMarks
@@ -93,5 +93,8 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> float:
 TARGETS = (
     Target("megatron", clip, "megatron-core get_grad_norm_fp32 + clip_grad_by_total_norm_fp32 (dense + expert)",
            origin="adapter megatron", scenarios=("megatron_moe_tp",), requires=MEGATRON, dress=dress,
-           dtypes=("fp32", "bf16"), norm_types=(2.0,)),
+           dtypes=("fp32", "bf16"), norm_types=(2.0,),
+           findings=(
+               Finding("*experts unmarked*", "NVIDIA/Megatron-LM PR #5916 (0.16.1 predates it)",
+                       "grouped-GEMM experts not marked tensor-parallel: the TP-duplicate filter keeps them on TP rank 0 only"),)),
 )

@@ -31,7 +31,7 @@ from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
 from harness.spec.layout import MeshSpec
 from harness.spec.model import torch_placements
-from harness.targets.target import Target
+from harness.targets.target import Finding, Target
 
 from .framework import FRAMEWORK as TORCHTITAN
 from .scenario import DENSE, SPARSE, DTensorMeshes
@@ -106,7 +106,12 @@ def clip_stages(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) ->
 
 TARGETS = (
     Target("torchtitan", clip, "torchtitan.distributed.utils.clip_grad_norm_ (ep_enabled=True) on DTensors",
-           origin="adapter torchtitan", scenarios=("torchtitan_ep",), requires=TORCHTITAN, dress=dress),
+           origin="adapter torchtitan", scenarios=("torchtitan_ep",), requires=TORCHTITAN, dress=dress,
+           findings=(
+               Finding("*placement lies*", "none for torchtitan: a lying plan (the class of modelscope/mcore-bridge PR #173, NVIDIA-NeMo/Megatron-Bridge PR #5396)",
+                       "torchtitan trusts the DTensor placements; a factor declared Replicate but distinct is counted once"),
+               Finding("*experts without ep dim*", "ByteDance-Seed/VeOmni PR #185 (experts DTensors without their EP dimension)",
+                       "experts on a mesh without ep: torchtitan raises on the mixed meshes"),)),
     Target("torchtitan-pp", clip_stages,
            "torchtitan.distributed.utils.clip_grad_norm_ (pp_mesh) on each stage's DTensors",
            origin="adapter torchtitan", scenarios=("pipeline_stages",), requires=TORCHTITAN, dress=dress_stages,

@@ -24,7 +24,7 @@ from torch.distributed.tensor import Shard
 
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
-from harness.targets.target import Target
+from harness.targets.target import Finding, Target
 
 from .framework import FRAMEWORK as XORL
 from .scenario import XorlSetup
@@ -72,5 +72,8 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.
 
 TARGETS = (
     Target("xorl", clip, "xorl's clip_grad_norm over its MoEExpertsLoRA, EP plan and parameter groups",
-           origin="adapter xorl", scenarios=("xorl_ep_lora",), requires=XORL, dress=dress),
+           origin="adapter xorl", scenarios=("xorl_ep_lora",), requires=XORL, dress=dress,
+           findings=(
+               Finding("*", "togethercomputer/xorl (the motivating seed report)",
+                       "per-expert LoRA factors missing from the ep_plan: 1/sqrt(ep)"),)),
 )

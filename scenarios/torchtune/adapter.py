@@ -1,0 +1,114 @@
+"""torchtune 0.6.1: the model set up as ``recipes/full_finetune_distributed.py`` sets it up, and the
+recipe's own optimizer-step clip.
+
+Setup per case (``dress``), in the recipe's order (``_setup_model``):
+
+1. the model: torchtune's builder ``torchtune.models.llama3.llama3`` (a 2-layer decoder at the
+   scenario's sizes) under ``training.set_default_dtype``; its submodules replace the harness's
+   placeholders under the harness's root, so parameter names are torchtune's own. The recipe builds
+   on the meta device and loads a checkpoint; here the weights are the harness's deterministic
+   parameter values, written before any sharding (the checkpoint step is not part of the clip path);
+2. when ``tp > 1``: ``training.prepare_mha_for_tp`` and ``parallelize_module`` on the mesh's ``tp``
+   axis with ``torchtune.models.llama3.base_llama_tp_plan()`` (plus ``SequenceParallel`` for the
+   RMSNorms where the variant says so: a user-supplied ``tensor_parallel_plan``);
+3. when ``dp > 1``: ``training.shard_model`` over the mesh's ``dp`` axis with
+   ``training.get_shard_conditions`` (each ``layers.N``, then the root), as the recipe calls it.
+
+The case mesh is the recipe's ``init_device_mesh(mesh_shape=(dp, tp), mesh_dim_names=("dp", "tp"))``
+(the harness builds it once per layout). The clip (``clip``) is the recipe's step, verbatim in
+effect: ``training.scale_grads`` with a unit scaler (the recipe's token normalization, exact here so
+the judged gradients stay the injected ones), ``torch.nn.utils.clip_grad_norm_(model.parameters(),
+max_norm=...)`` with no norm type (so L2 only) and ``full_tensor()`` when the norm is a DTensor.
+torchtune 0.6.1 has no clip helper of its own: that inline call is its clip path. No CPU shim is
+needed; nothing of torchtune's is copied or patched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import partial
+from types import ModuleType
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+from torch.distributed.tensor.parallel.style import ParallelStyle
+
+from harness.spec.axes import MeshAxis
+from harness.spec.context import CaseContext
+from harness.spec.model import parameter_values
+from harness.targets.target import Finding, Target
+
+from .framework import FRAMEWORK as TORCHTUNE
+from .scenario import EMBED, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, TorchtuneParallel
+
+SP_NORMS = ("layers.*.sa_norm", "layers.*.mlp_norm", "norm")
+
+
+def _torchtune(module: str) -> ModuleType:
+    """A torchtune module, imported when a case runs (the package ships no type information, and
+    importing it is slow: it pulls in Hugging Face datasets)."""
+    return importlib.import_module(f"torchtune.{module}")
+
+
+def _tp_plan(sp_norms: bool) -> dict[str, ParallelStyle]:
+    # a copy: base_llama_tp_plan() returns torchtune's module-level dict
+    plan: dict[str, ParallelStyle] = dict(_torchtune("models.llama3").base_llama_tp_plan())
+    if sp_norms:
+        plan.update({pattern: SequenceParallel() for pattern in SP_NORMS})
+    return plan
+
+
+def dress(model: nn.Module, ctx: CaseContext) -> None:
+    training, llama3 = _torchtune("training"), _torchtune("models.llama3").llama3
+    info = ctx.case.variant.info_as(TorchtuneParallel)
+    dtype = ctx.case.injection.torch_dtype
+    with training.set_default_dtype(dtype), ctx.device:
+        decoder = llama3(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS,
+                         embed_dim=EMBED, max_seq_len=64, intermediate_dim=HIDDEN)
+    with torch.no_grad():
+        for p in decoder.parameters():
+            p.copy_(parameter_values(tuple(p.shape), dtype, ctx.device))
+    for name in list(model._modules):
+        delattr(model, name)
+    for name, child in decoder.named_children():
+        model.add_module(name, child)
+
+    if info.tp > 1:
+        tp_mesh = ctx.mesh[MeshAxis.TP]
+        model = training.prepare_mha_for_tp(model, tp_mesh)
+        parallelize_module(model, tp_mesh, parallelize_plan=_tp_plan(info.sp_norms))
+    if info.dp > 1:
+        training.shard_model(
+            model=model,
+            shard_conditions=[partial(training.get_shard_conditions, names_to_match=None)],
+            cpu_offload=False,
+            reshard_after_forward=True,
+            dp_mesh=ctx.mesh[MeshAxis.DP],
+        )
+
+
+def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """The optimizer step of torchtune's full_finetune_distributed recipe: scale_grads, then
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) (L2) and full_tensor()."""
+    training = _torchtune("training")
+    training.scale_grads(model, torch.tensor(1.0))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=float(max_norm))
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    return grad_norm
+
+
+TARGETS = (
+    Target("torchtune", clip,
+           "torchtune 0.6.1 full_finetune_distributed: llama3 + base_llama_tp_plan + shard_model, "
+           "then the recipe's clip_grad_norm_",
+           origin="adapter torchtune", scenarios=("torchtune_tp",), requires=TORCHTUNE, dress=dress,
+           norm_types=(2.0,),
+           findings=(
+               Finding("dp=1 *base plan*", "meta-pytorch/torchtune #2420",
+                       "the TP plan leaves the norms plain: foreach over mixed Tensor/DTensor raises"),
+               Finding("*tp+fsdp base plan*", "meta-pytorch/torchtune #2420 with FSDP, via pytorch/pytorch #180346",
+                       "the norms become 1-D DTensors on dp next to 2-D (dp, tp) ones: torch.stack of norms from two meshes raises"),)),
+)

@@ -1,0 +1,114 @@
+"""ColossalAI's MoE hybrid-parallel ZeRO optimizer on real torchrun jobs (gloo, CPU). Where colossalai
+is installed, ``MoeHybridParallelZeroOptimizer.step`` is run and judged: right for dense ZeRO and for
+ep=1 (one gradient store), wrong with experts under EP (per-store norms added linearly, the expert
+store never reduced over EP: ColossalAI #2192 / §6 rows 32-33), with the exact per-rank values that
+arithmetic predicts from the harness's own gradients; its inf branch raises. Where it is not
+installed, its cases must be skips carrying the install hint."""
+
+import math
+
+import pytest
+
+from harness.scenarios.colossalai import FRAMEWORK as COLOSSALAI
+from harness.scenarios.colossalai.scenario import EXPERT_PREFIX, moe_layout
+from harness.spec.injection import Injection
+from harness.spec.model import local_grad
+from harness_runs import failed, run_harness
+
+pytestmark = pytest.mark.distributed
+
+TARGETS = ("colossalai", "colossalai-inf")
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory):
+    return run_harness(2, ["--scenario", "colossalai_moe", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("cai2"))
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return run_harness(4, ["--scenario", "colossalai_moe", "--dtype", "fp32", "--ep-size", "2"],
+                       tmp_path_factory.mktemp("cai4"))
+
+
+
+
+def skipped_everywhere(run):
+    if not COLOSSALAI.unavailable():
+        return False
+    for target in TARGETS:
+        cases = run.cases(target=target)
+        assert cases and all(c["verdict"] == "SKIP" for c in cases)
+        assert all(COLOSSALAI.install in c["skip_reason"] for c in cases)
+    return True
+
+
+def ep_of(layout: str) -> int:
+    return int(layout.split("ep=")[1].split()[0])
+
+
+def predicted(world: int, layout: str, dtype: str) -> list[float]:
+    """What ColossalAI's step() computes on each rank, from the harness's generated gradients: at ep>1
+    ||dense store over all DP|| + ||expert store over moe_dp|| (only the rank's own experts)."""
+    ep = ep_of(layout)
+    spec_layout = moe_layout(world, ep, dense_trainable="frozen-dense" not in layout)
+    injection = Injection(seed=0, dtype=dtype)
+
+    def sq(spec, rank):
+        return float(local_grad(spec_layout, injection, spec, rank).double().pow(2).sum()) if spec.trainable else 0.0
+
+    dense = math.sqrt(sum(sq(s, 0) for s in spec_layout if not s.name.startswith(EXPERT_PREFIX)))
+    out = []
+    for rank in range(world):
+        local = math.sqrt(sum(sq(s, rank) for s in spec_layout
+                              if s.name.startswith(EXPERT_PREFIX) and rank in s.present_ranks))
+        out.append(math.hypot(dense, local) if ep == 1 else dense + local)
+    return out
+
+
+@pytest.mark.parametrize("run_name", ["world2", "world4"])
+def test_zero_step_adds_store_norms_and_misses_ep(run_name, request):
+    run = request.getfixturevalue(run_name)
+    if skipped_everywhere(run):
+        return
+    cases = run.cases(target="colossalai")
+    assert cases and {c["norm"] for c in cases} == {"L2"}
+    for case in cases:
+        assert case["framework"] == "colossalai 0.5.0"
+        layout = case["layout"]
+        if "dense-zero" in layout or ep_of(layout) == 1:
+            assert case["verdict"] == "PASS", (layout, failed(case))
+            continue
+        assert case["verdict"] == "FAIL", layout
+        assert {"norm", "agree"} <= failed(case), layout
+        rel = 1e-6 if case["dtype"] == "fp32" else 1e-2
+        for got, want in zip(case["reported"], predicted(case["world_size"], layout, case["dtype"]), strict=True):
+            assert got == pytest.approx(want, rel=rel), layout
+    assert "target colossalai supports norm types L2 only" in run.stdout
+    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
+
+
+def test_known_ratios(world2, world4):
+    if skipped_everywhere(world2):
+        return
+    one = dict(target="colossalai", norm="L2", dtype="fp32", clip_ratio=0.5)
+    moe = world4.one(layout="edp=2 ep=2 moe-zero", **one)
+    assert [f"{r / moe['true_norm']:.6f}" for r in moe["reported"]] == ["0.782495", "1.187391"] * 2
+    frozen = world2.one(layout="edp=1 ep=2 moe-zero frozen-dense", **one)
+    assert f"{frozen['ratio']:.6f}" == "0.456471"
+    assert "coefficient" in failed(frozen)
+    assert any("no reduction over ep" in s for s in world4.one(layout="edp=2 ep=2 moe-zero frozen-dense",
+                                                                 **one)["signature"])
+    gap = world2.metamorphic(target="colossalai", norm="L2", dtype="fp32", invariance_key="cai-moe", bound="x0.5")[0]
+    assert not gap["passed"] and gap["gap"] > 0.01
+
+
+def test_inf_branch_raises_type_error(world2, world4):
+    for run in (world2, world4):
+        if skipped_everywhere(run):
+            return
+        cases = run.cases(target="colossalai-inf")
+        assert cases and {c["norm"] for c in cases} == {"Linf"}
+        for case in cases:
+            assert failed(case) == {"raised"}, case["layout"]
+            assert "TypeError: object of type 'float' has no len()" in case["checks"]["raised"]["detail"]
