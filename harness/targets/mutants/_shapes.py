@@ -42,6 +42,24 @@ def stage_norm(model: nn.Module, norm_type: float, skipped: str) -> tuple[list[n
     return [p for _, p in params], math.nan if total[1] > 0 else root(float(total[0]), norm_type)
 
 
+def scales_a_copy(view: Callable[[torch.Tensor], torch.Tensor]) -> Clip:
+    """A clip whose norm is the reference's, but which scales ``view(p.grad)`` in place: right only
+    where the view *is* the gradient (a ``.float()`` of an fp32 gradient), a thrown-away copy
+    elsewhere (of a bf16 gradient; a DTensor's ``full_tensor()``)."""
+
+    def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        params, local = reference_partial(model, norm_type)
+        norm = reduce_root_and_clip(local, (), max_norm=max_norm, norm_type=norm_type)  # the norm alone
+        coefficient = clip_coefficient(max_norm, norm)
+        if math.isfinite(coefficient) and coefficient < 1.0:
+            for _, p in params:
+                assert p.grad is not None  # reference_partial: the parameters with gradients
+                view(p.grad).mul_(coefficient)  # the mistake: a copy wherever the view is one
+        return torch.tensor(norm, dtype=torch.float64)
+
+    return clip
+
+
 def missing_reduction(skipped: str) -> Clip:
     """A clip whose norm is reduced over every mesh axis but ``skipped``, and clips with it."""
 

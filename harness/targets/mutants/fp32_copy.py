@@ -8,24 +8,8 @@ tensors: fp32 master copies while the model's fp16 gradients stay as they were (
 PR #46113: norm right, no clipping applied).
 """
 
-import math
+from harness.clipmath import local_tensor
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
+from ._shapes import scales_a_copy
 
-from harness.clipmath import clip_coefficient, collective_device, local_tensor, reduce_op, root
-from harness.reference import reference_partial
-
-
-def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    params, local = reference_partial(model, norm_type)
-    total = torch.tensor([local, float(math.isnan(local))], dtype=torch.float64, device=collective_device())
-    dist.all_reduce(total, op=reduce_op(norm_type))
-    norm = math.nan if total[1] > 0 else root(float(total[0]), norm_type)
-    coefficient = clip_coefficient(max_norm, norm)
-    if math.isfinite(coefficient) and coefficient < 1.0:
-        for _, p in params:
-            assert p.grad is not None  # reference_partial: the parameters with gradients
-            local_tensor(p.grad).float().mul_(coefficient)  # the mistake: a copy unless fp32
-    return torch.tensor(norm, dtype=torch.float64)
+clip = scales_a_copy(lambda grad: local_tensor(grad).float())
