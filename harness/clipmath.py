@@ -30,14 +30,28 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+CPU_BLOCK = 1 << 16
+"""Elements per float64 block on CPU: the upcast of a block stays in cache, so a gradient's power
+sum is one pass over its bytes instead of three over float64 copies the size of the gradient
+(``bench/oracle_bench.py``: 100M fp32 elements in 0.05 s instead of 0.87 s)."""
+
+
 def pow_sum(t: torch.Tensor, norm_type: float) -> float:
-    """sum |t|^p in float64, or max |t| for the inf norm; 0 for an empty tensor."""
-    x = local_tensor(t).detach().to(torch.float64)
+    """sum |t|^p accumulated in float64, or max |t| for the inf norm (exact in the gradient's own
+    dtype, NaN kept); 0 for an empty tensor."""
+    x = local_tensor(t).detach().reshape(-1)
     if x.numel() == 0:
         return 0.0
     if is_inf_norm(norm_type):
-        return float(x.abs().max())
-    return float(x.abs().pow(norm_type).sum())
+        low, high = torch.aminmax(x)
+        top = max(-float(low), float(high))
+        return math.nan if math.isnan(float(low)) else top
+    block = CPU_BLOCK if x.device.type == "cpu" else x.numel()  # one kernel per pass on an accelerator
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for part in x.split(block):
+        y = part.to(torch.float64)
+        total += torch.dot(y, y) if norm_type == 2 else y.abs().pow(norm_type).sum()
+    return float(total)
 
 
 def combine(a: float, b: float, norm_type: float) -> float:

@@ -1,11 +1,13 @@
 """The measured ground truth, per rank: what the raw bits say is replicated where.
 
-For every parameter and every mesh axis, a MAX and a MIN all-reduce of the gradient's raw
-bits (viewed as integers) over that axis's groups. A spread of 0 in every group means the gradient is
-replicated along the axis and must be counted once there. Nothing declared is trusted: only the bits.
-All parameters share one bucket per axis, so a case costs two collectives per mesh axis (plus one to
-gather per-rank statistics and one to merge the per-group verdicts), not two per parameter.
-Integer views matter: float MAX/MIN merge +0/-0 and drop NaN depending on rank order.
+For every parameter and every mesh axis, a MAX all-reduce of the gradient's raw bits (viewed as
+int32 words) over that axis's groups, and each holder's comparison of its own words with that
+maximum: no holder differing from the maximum (MAX = MIN) means the gradient is replicated along the
+axis and must be counted once there. Nothing declared is trusted: only the bits. All parameters
+share one bucket per axis, so a case costs one collective per mesh axis (plus one to gather
+per-rank statistics and one to merge the per-group verdicts), not one per parameter, and moves
+each gradient's bytes once per axis (``bench/oracle_bench.py`` measures it at 100M elements).
+Integer views matter: float MAX merges +0/-0 and drops NaN depending on rank order.
 
 The norm these measurements imply, and its cross-check with the constructive truth, are pure
 functions on the results: ``harness.judge.truth``.
@@ -24,8 +26,7 @@ from harness.clipmath import combine, is_inf_norm, pow_sum, root
 from harness.spec.injection import Injection, logical_grad
 from harness.spec.layout import Layout, MeshSpec, Replicate
 
-_MISSING_MAX = torch.iinfo(torch.int32).min
-_MISSING_MIN = torch.iinfo(torch.int32).max
+_ABSENT = torch.iinfo(torch.int32).min  # the identity of MAX: what a rank without the gradient sends
 _HEADER = 2  # numel, itemsize: a shape mismatch shows up as a spread too
 
 
@@ -82,18 +83,25 @@ class Replication:
 
 
 def bit_words(t: torch.Tensor) -> torch.Tensor:
-    """Raw bits of ``t`` as int32 words (gloo cannot reduce int16, so 2-byte types are widened)."""
+    """The raw bytes of ``t`` as int32 words, the last one zero-padded: two tensors of one shape and
+    dtype are bit-identical exactly when their words are. A view, no copy, for a contiguous tensor
+    whose bytes fill whole aligned words (every 4- and 8-byte type; 2-byte types of even length),
+    so the oracle reads each gradient's bytes where they lie. Words, not elements, because gloo
+    reduces no 16-bit integers and a per-element widening would double a bf16 gradient's traffic."""
     flat = t.detach().contiguous().view(-1)
-    size = flat.element_size()
-    if size in (4, 8):
-        return flat.view(torch.int32)
-    if size == 2:
-        return flat.view(torch.int16).to(torch.int32)
-    return flat.view(torch.uint8).to(torch.int32)
+    raw = flat.view(torch.uint8)
+    if raw.numel() % 4 == 0:
+        try:
+            return raw.view(torch.int32)
+        except RuntimeError:  # a storage offset that is not word-aligned: copy below
+            pass
+    padded = torch.zeros(_word_count(flat.numel(), flat.element_size()) * 4, dtype=torch.uint8, device=raw.device)
+    padded[: raw.numel()] = raw
+    return padded.view(torch.int32)
 
 
 def _word_count(numel: int, itemsize: int) -> int:
-    return numel * 2 if itemsize == 8 else numel
+    return -(-numel * itemsize // 4)
 
 
 def gather_stats(
@@ -134,58 +142,51 @@ def measure_replication(
     world_group: dist.ProcessGroup | None,
     device: torch.device,
 ) -> Replication:
-    """MAX-MIN of raw bits per mesh axis, bucketed; then one MAX over the world to merge groups
-    (``world_group`` None: this rank's own view, for ``merged``)."""
-    if not names:
-        return Replication({axis: {} for axis in mesh.names})
-    lengths = []
-    for j in range(len(names)):
-        words = [
-            _word_count(stats.numel[r][j], stats.itemsize[r][j])
-            for r in range(stats.world_size)
-            if stats.present(r, j)
-        ]
-        lengths.append(_HEADER + max(words, default=0))
-    offsets = [0]
-    for n in lengths:
-        offsets.append(offsets[-1] + n)
-    segment = torch.repeat_interleave(
-        torch.arange(len(names), device=device), torch.tensor(lengths, device=device)
-    )
-
-    high = torch.full((offsets[-1],), _MISSING_MAX, dtype=torch.int32, device=device)
-    low = torch.full((offsets[-1],), _MISSING_MIN, dtype=torch.int32, device=device)
-    for j, name in enumerate(names):
-        g = grads.get(name)
-        if g is None:
-            continue
-        words = torch.cat(
-            [
-                torch.tensor([g.numel(), g.element_size()], dtype=torch.int32, device=device),
-                bit_words(g).to(device),
-            ]
-        )
-        high[offsets[j] : offsets[j] + words.numel()] = words
-        low[offsets[j] : offsets[j] + words.numel()] = words
-
-    flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32, device=device)
-    for row, axis in enumerate(mesh.names):
-        if mesh.size(axis) == 1 or not names:
-            continue
-        # MAX and MIN in one collective: MIN(x) = -MAX(-x), in int64 so that negating int32 words
-        # (INT32_MIN among them) cannot overflow
-        both = torch.cat([high.to(torch.int64), -low.to(torch.int64)])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=axis_groups[axis])
-        hi, lo = both[: high.numel()], -both[high.numel():]
-        spread = (hi != lo).to(torch.int32)
-        # a segment nobody in the group holds stays at the sentinels: that is "absent", not a spread
-        nobody = hi[torch.tensor(offsets[:-1], device=device)] == _MISSING_MAX
-        per_param = torch.zeros(len(names), dtype=torch.int32, device=device)
-        per_param.index_add_(0, segment, spread)
-        flags[row] = ((per_param > 0) & ~nobody).to(torch.int32)
-    if world_group is not None:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=world_group)
-    flags = flags.cpu()
+    """Per mesh axis, one MAX all-reduce of every parameter's raw words (one bucket, a header of
+    numel and itemsize in front of each); a rank holding a gradient then compares its own words
+    with the group's maximum. Every holder equals the maximum exactly when all holders are equal,
+    so one collective of the gradient's own bytes decides replication (a MIN round would double the
+    traffic and say nothing more). Ranks without the gradient send the identity of MAX and judge
+    nothing. Then one MAX over the world merges every group's verdict (``world_group`` None: this
+    rank's own view, for ``merged``). Cost: one pass to fill the bucket, the all-reduce, one compare
+    pass per axis; no per-element index tensors."""
+    axes = [axis for axis in mesh.names if mesh.size(axis) > 1]
+    flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32)
+    if names and axes:
+        lengths = [_HEADER + max((_word_count(stats.numel[r][j], stats.itemsize[r][j])
+                                  for r in range(stats.world_size) if stats.present(r, j)), default=0)
+                   for j in range(len(names))]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        held: dict[int, tuple[list[int], torch.Tensor]] = {}
+        bucket = torch.empty(offsets[-1], dtype=torch.int32, device=device)
+        for j, name in enumerate(names):
+            start, end = offsets[j], offsets[j + 1]
+            g = grads.get(name)
+            if g is None:
+                bucket[start:end] = _ABSENT
+                continue
+            words = bit_words(g).to(device)
+            header = [g.numel(), g.element_size()]
+            bucket[start:start + _HEADER] = torch.tensor(header, dtype=torch.int32)
+            bucket[start + _HEADER:start + _HEADER + words.numel()] = words
+            bucket[start + _HEADER + words.numel():end] = _ABSENT
+            held[j] = (header, words)
+        headers = torch.tensor(offsets[:-1], device=device)
+        for i, axis in enumerate(axes):
+            top = bucket if i == len(axes) - 1 else bucket.clone()  # the last axis may use it up
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=axis_groups[axis])
+            top_headers = torch.stack([top[headers], top[headers + 1]], dim=1).tolist()
+            row = mesh.names.index(axis)
+            for j, (header, words) in held.items():
+                start = offsets[j] + _HEADER
+                flags[row, j] = int(top_headers[j] != header
+                                    or not torch.equal(top[start:start + words.numel()], words))
+    if world_group is not None and names:
+        merged_flags = flags.to(device)
+        dist.all_reduce(merged_flags, op=dist.ReduceOp.MAX, group=world_group)
+        flags = merged_flags.cpu()
     return Replication(
         {axis: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, axis in enumerate(mesh.names)}
     )

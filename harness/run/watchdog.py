@@ -13,8 +13,10 @@ backstop, with a later deadline, for code that holds the GIL forever.
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -39,25 +41,67 @@ def _stderr_fd() -> int:
         return 2
 
 
+class _Watchdog:
+    """One thread per process, armed for each watched call and disarmed after it: starting and
+    joining a thread per call cost as much as a small clip function itself (``bench/phase_profile.py``).
+    A watchdog that fired stays with its ``on_hang`` (which may never return) and the next call gets
+    a new one."""
+
+    def __init__(self) -> None:
+        self._forget_thread()
+        self._calls = 0
+
+    def _forget_thread(self) -> None:
+        """A fresh lock and no thread: also what a forked child needs, since fork copies the
+        object but not the thread (nor a lock state it could have been holding)."""
+        self._changed = threading.Condition()
+        self._armed: tuple[int, float, Callable[[str], None]] | None = None
+        self._thread: threading.Thread | None = None
+
+    def arm(self, deadline_s: float, on_hang: Callable[[str], None]) -> int:
+        with self._changed:
+            self._calls += 1
+            self._armed = (self._calls, time.monotonic() + deadline_s, on_hang)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="clipcheck-watchdog", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+            return self._calls
+
+    def disarm(self, call: int) -> None:
+        with self._changed:
+            if self._armed is not None and self._armed[0] == call:
+                self._armed = None
+                self._changed.notify()
+
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                if self._armed is None:
+                    self._changed.wait()
+                    continue
+                _, deadline, on_hang = self._armed
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                self._armed, self._thread = None, None  # this thread now belongs to on_hang
+                break
+        on_hang(main_thread_stack())
+
+
+_WATCHDOG = _Watchdog()
+os.register_at_fork(after_in_child=_WATCHDOG._forget_thread)
+
+
 @contextmanager
 def watched(deadline_s: float, on_hang: Callable[[str], None]) -> Iterator[None]:
-    """Run the body; if it has not finished after ``deadline_s``, call ``on_hang(stack)`` from a
+    """Run the body; if it has not finished after ``deadline_s``, call ``on_hang(stack)`` from the
     watchdog thread (once). The body itself is not interrupted: Python cannot stop a thread."""
-    fired = threading.Event()
-    done = threading.Event()
-
-    def watch() -> None:
-        if not done.wait(deadline_s):
-            fired.set()
-            on_hang(main_thread_stack())
-
-    thread = threading.Thread(target=watch, name="clipcheck-watchdog", daemon=True)
     faulthandler.dump_traceback_later(deadline_s + BACKSTOP_GRACE_S, exit=True, file=_stderr_fd())
-    thread.start()
+    call = _WATCHDOG.arm(deadline_s, on_hang)
     try:
         yield
     finally:
-        done.set()
+        _WATCHDOG.disarm(call)
         faulthandler.cancel_dump_traceback_later()
-        if not fired.is_set():
-            thread.join()

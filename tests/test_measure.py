@@ -1,0 +1,83 @@
+"""The oracle's replication measurement against a brute-force comparison of every holder's bytes.
+
+``measure_replication`` decides replication with one MAX all-reduce of raw words per axis; this test
+gathers every rank's bytes instead and compares them pairwise, on gradients built to hit each corner
+the word packing and the MAX-only comparison have to get right: 2-byte types of odd length (a padded
+last word), 8-byte and 1-byte types, +0/-0 and NaN payloads (equal as floats, not as bits), a word
+equal to the absent sentinel, a gradient absent on some ranks, and shapes that differ by one element.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from harness.run.measure import gather_stats, measure_replication, merged
+from harness.run.pool import current_world
+from harness.spec.layout import MeshSpec
+
+MESH = MeshSpec.of(a=2, b=2)
+
+
+def _grads(rank: int) -> dict[str, torch.Tensor | None]:
+    """Rank ``rank``'s gradients; which axis each one varies along is in its name."""
+    a, b = MESH.coordinate(rank)
+    neg_zero = torch.tensor([0.0, -0.0 if a else 0.0, 1.0])
+    nan_payload = torch.tensor([1.0, math.nan, 2.0]).view(torch.int32)
+    nan_payload[1] = nan_payload[1] | b  # another NaN on b = 1: the same float, other bits
+    return {
+        "same_everywhere": torch.arange(6, dtype=torch.float32),
+        "bf16_odd_by_a": torch.arange(7, dtype=torch.bfloat16) + a,
+        "fp64_by_b": torch.arange(3, dtype=torch.float64) * (1 + b),
+        "int8_by_b": torch.tensor([1, 2, 3], dtype=torch.int8) + b,
+        "signed_zero_by_a": neg_zero,
+        "nan_payload_by_b": nan_payload.view(torch.float32),
+        "sentinel_word_same": torch.tensor([-0.0, -0.0]),  # bits 0x80000000: the absent marker's
+        "absent_where_b1": torch.full((4,), 3.0) if b == 0 else None,
+        "numel_by_a": torch.zeros(5 + a),
+        "bf16_last_half_word_by_b": torch.tensor([1.0, 2.0, 3.0 + b], dtype=torch.bfloat16),
+        "absent_but_rank0": torch.ones(2) if rank == 0 else None,
+    }
+
+
+def _brute_force(names: list[str], grads: dict[str, torch.Tensor | None]) -> dict[str, dict[str, bool]]:
+    views = [None] * dist.get_world_size()
+    mine = {n: None if g is None else (tuple(g.shape), str(g.dtype), bytes(g.contiguous().view(torch.uint8).tolist()))
+            for n, g in grads.items()}
+    dist.all_gather_object(views, mine)
+    out: dict[str, dict[str, bool]] = {}
+    for axis in MESH.names:
+        out[axis] = {}
+        for name in names:
+            out[axis][name] = any(len({views[r][name] for r in group if views[r][name] is not None}) > 1
+                                  for group in MESH.groups(axis))
+    return out
+
+
+def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], dict[str, dict[str, bool]], dict[str, dict[str, bool]]]:
+    world = current_world()
+    grads = _grads(world.rank)
+    names = list(grads)
+    groups = world.mesh(MESH)
+    stats = gather_stats(names, grads, 2.0, world.rank, world.world_size, world.harness_world, world.device)
+    world_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, world.harness_world,
+                                     world.device)
+    own_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, None, world.device)
+    return world_view.distinct, own_view.distinct, _brute_force(names, grads)
+
+
+def test_replication_matches_a_byte_by_byte_comparison(world4):
+    results = world4.run(_measure_on_rank)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    expected = results[0].value[2]
+    assert expected["a"]["bf16_odd_by_a"] and not expected["b"]["bf16_odd_by_a"]  # the corners are really hit
+    assert expected["b"]["nan_payload_by_b"] and expected["a"]["signed_zero_by_a"]
+    assert not expected["a"]["absent_where_b1"] and not expected["b"]["absent_where_b1"]
+    for r in results:
+        world_view, _, brute = r.value
+        assert world_view == brute, f"rank {r.rank}"
+    from harness.run.measure import Replication
+
+    assert merged([Replication(r.value[1]) for r in results]).distinct == expected
