@@ -16,6 +16,7 @@ Measured from snapshots taken just before the call, so the judge never trusts th
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import torch
@@ -114,28 +115,39 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     Returns ``{"scale": {name: [c, residual]}, "vanished": [...]}``;
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
+    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor.
+
+    Why one flat vector: the two sums every factor needs, and the finiteness test they imply, run
+    over all parameters at once, segment by segment (per-parameter ops on small gradients cost more
+    in dispatch than in arithmetic); only the residual's max is per parameter. A segment's NaN stays
+    inside its own sums.
     """
+    vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
+    names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
+    if not names:
+        return {"scale": {}, "vanished": vanished}
+    a = torch.cat([_flat64(pre[n]) for n in names])
+    b = torch.cat([_flat64(post[n]) for n in names])
+    lengths = [pre[n].numel() for n in names]  # type: ignore[union-attr]  # None filtered above
+
+    def total(values: torch.Tensor) -> list[float]:
+        return torch.segment_reduce(values, "sum", lengths=torch.tensor(lengths), unsafe=True).tolist()
+
+    # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf is NaN)
+    denoms, dots = total(a * a), total(a * b)
     scale: dict[str, list[float]] = {}
-    vanished: list[str] = []
-    for name, before in pre.items():
-        if before is None:
+    for name, a_j, b_j, denom, dot in zip(names, a.split(lengths), b.split(lengths), denoms, dots):
+        if denom == 0.0 or not (math.isfinite(denom) and math.isfinite(dot)):
             continue
-        after = post.get(name)
-        if after is None:
-            vanished.append(name)
-            continue
-        a = before.detach().to(torch.float64).reshape(-1).cpu()
-        b = after.detach().to(torch.float64).reshape(-1).cpu()
-        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
-            continue
-        denom = float((a * a).sum())
-        if denom == 0.0:
-            continue
-        c = float((a * b).sum()) / denom
-        top = float(a.abs().max()) * max(abs(c), 1e-300)
-        residual = float((b - c * a).abs().max()) / top
-        scale[name] = [c, residual]
+        c = dot / denom
+        top = float(a_j.abs().max()) * max(abs(c), 1e-300)
+        scale[name] = [c, float((b_j - c * a_j).abs().max()) / top]
     return {"scale": scale, "vanished": vanished}
+
+
+def _flat64(t: torch.Tensor | None) -> torch.Tensor:
+    assert t is not None
+    return t.detach().to(torch.float64).reshape(-1).cpu()
 
 
 def rank_effects(

@@ -1,0 +1,84 @@
+"""What the harness costs next to the clip functions it judges, launch by launch.
+
+    python bench/overhead_bench.py                          # the default matrix at worlds 1, 2, 4, 8
+    python bench/overhead_bench.py --worlds 2,4 --scenario dense_dp,xorl_ep_lora
+
+For each world size it runs ``clipcheck run --nproc N`` over the selected cases (the default matrix
+unless ``--scenario`` narrows it), as ``clipcheck matrix`` launches it, and reads back the JSON Lines:
+
+The backend is gloo (``--backend`` is not passed: CPU here). Per world:
+
+* wall: the launch from start to exit, process start-up and imports included (what a user waits for);
+* target: the sum over cases of the clip function's own seconds (``seconds``: the slowest rank's
+  time inside the call, framework setup included);
+* ratio: wall / target. The goal of issue 12 is at most 2 at worlds 2, 4 and 8 (the harness costs no
+  more than the function it judges), and the whole default matrix under 90 s on 2 cores.
+
+Run it on a quiet machine: every rank is a process, and at world 8 they share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.commands.matrix import default_matrix_path  # noqa: E402
+
+RATIO_GOAL = 2.0
+MATRIX_GOAL_S = 90.0
+
+
+def launch(world: int, scenarios: str | None, out: Path) -> tuple[float, list[dict]]:
+    """One ``clipcheck run`` launch; its wall seconds and its case records."""
+    jsonl = out / f"world{world}.jsonl"
+    cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(world), "--matrix", default_matrix_path(),
+           "--json", str(jsonl), "--no-progress"]
+    cmd += ["--scenario", scenarios] if scenarios else []
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode not in (0, 1):  # 1: some case failed, which is what the matrix is for
+        sys.exit(f"overhead_bench: world {world} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    return wall, [r for r in records if r.get("type") == "case"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", default="1,2,4,8")
+    p.add_argument("--scenario", default=None, help="scenario name(s), comma separated (default: the matrix's)")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="clipcheck-overhead-") as tmp:
+        for world in (int(w) for w in args.worlds.split(",")):
+            wall, cases = launch(world, args.scenario, Path(tmp))
+            target = sum(float(c.get("seconds") or 0.0) for c in cases if c.get("verdict") != "SKIP")
+            rows.append((world, len(cases), wall, target))
+    print(f"{'world':>5} {'cases':>6} {'wall s':>8} {'target s':>9} {'harness s':>10} {'ms/case':>8} {'ratio':>6}")
+    for world, n, wall, target in rows:
+        ratio = wall / target if target else float("inf")
+        print(f"{world:>5} {n:>6} {wall:>8.1f} {target:>9.1f} {wall - target:>10.1f} "
+              f"{1000 * (wall - target) / max(n, 1):>8.1f} {ratio:>5.1f}x")
+    total = sum(r[2] for r in rows)
+    judged = [r for r in rows if r[0] > 1]
+    worst = max((r[2] / r[3] if r[3] else float("inf")) for r in judged) if judged else 0.0
+    print(f"total wall {total:.1f} s over {sum(r[1] for r in rows)} cases")
+    print(f"goal: wall <= {RATIO_GOAL:.0f}x target at worlds > 1 -> {'met' if worst <= RATIO_GOAL else 'NOT met'} "
+          f"(worst {worst:.1f}x)")
+    if args.scenario is None and args.worlds == "1,2,4,8":
+        print(f"goal: default matrix < {MATRIX_GOAL_S:.0f} s -> {'met' if total < MATRIX_GOAL_S else 'NOT met'}")
+    return 0 if worst <= RATIO_GOAL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""``applied_coefficients``: the factor each gradient was scaled by, measured over all parameters at
+once. The cases a per-parameter loop would have handled one by one, each checked on its own."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.run.effects import applied_coefficients
+
+
+def grads(**named: list[float] | None) -> dict[str, torch.Tensor | None]:
+    return {n: None if v is None else torch.tensor(v, dtype=torch.float32) for n, v in named.items()}
+
+
+def test_each_parameter_gets_its_own_factor_and_a_uniform_one_has_no_residual():
+    pre = grads(a=[1.0, -2.0, 3.0], b=[0.5], c=[4.0, 4.0])
+    post = {"a": pre["a"] * 0.25, "b": pre["b"] * -3.0, "c": pre["c"]}  # type: ignore[operator]
+    scale = applied_coefficients(pre, post)["scale"]
+    assert set(scale) == {"a", "b", "c"}
+    for name, factor in (("a", 0.25), ("b", -3.0), ("c", 1.0)):
+        c, residual = scale[name]
+        assert math.isclose(c, factor, rel_tol=1e-12) and residual < 1e-12, (name, scale[name])
+
+
+def test_a_non_uniform_scaling_shows_in_the_residual_of_that_parameter_only():
+    pre = grads(a=[1.0, 1.0, 1.0, 1.0], b=[2.0, 3.0])
+    post = grads(a=[0.5, 0.5, 0.5, 2.0], b=[1.0, 1.5])
+    scale = applied_coefficients(pre, post)["scale"]
+    assert scale["a"][1] > 0.5 and scale["b"][1] < 1e-12, scale
+
+
+def test_non_finite_values_zero_and_empty_gradients_get_no_factor_and_do_not_spoil_the_others():
+    inf, nan = float("inf"), float("nan")
+    pre = grads(inf_before=[inf, 1.0], nan_after=[1.0, 2.0], inf_over_zero=[0.0, 1.0], zero=[0.0, 0.0],
+                empty=[], fine=[2.0, -1.0])
+    post = grads(inf_before=[inf, 0.5], nan_after=[0.5, nan], inf_over_zero=[inf, 0.5], zero=[0.0, 0.0],
+                 empty=[], fine=[1.0, -0.5])
+    scale = applied_coefficients(pre, post)["scale"]
+    assert set(scale) == {"fine"} and math.isclose(scale["fine"][0], 0.5), scale
+
+
+def test_a_deleted_gradient_is_vanished_and_an_absent_one_is_ignored():
+    pre = grads(kept=[1.0], deleted=[2.0], absent=None)
+    post = grads(kept=[1.0], deleted=None, absent=[3.0])
+    out = applied_coefficients(pre, post)
+    assert out["vanished"] == ["deleted"] and set(out["scale"]) == {"kept"}
+    assert applied_coefficients(grads(x=[1.0]), grads(x=None)) == {"scale": {}, "vanished": ["x"]}
