@@ -57,11 +57,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", default="1,2,4,8")
     p.add_argument("--scenario", default=None, help="scenario name(s), comma separated (default: the matrix's)")
+    p.add_argument("--keep", metavar="DIR", default=None,
+                   help="keep each world's JSON Lines in DIR (to compare verdicts between versions)")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="clipcheck-overhead-") as tmp:
+        out = Path(args.keep or tmp)
+        out.mkdir(parents=True, exist_ok=True)
         for world in (int(w) for w in args.worlds.split(",")):
-            wall, cases = launch(world, args.scenario, Path(tmp))
+            wall, cases = launch(world, args.scenario, out)
             target = sum(float(c.get("seconds") or 0.0) for c in cases if c.get("verdict") != "SKIP")
             rows.append((world, len(cases), wall, target))
     print(f"{'world':>5} {'cases':>6} {'wall s':>8} {'target s':>9} {'harness s':>10} {'ms/case':>8} {'ratio':>6}")

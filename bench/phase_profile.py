@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,12 @@ def phase_of(frames: list[str]) -> str:
     return "launcher / other"
 
 
+def py_spy() -> str:
+    """py-spy on PATH, else the one installed beside this interpreter (a venv that is not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else "py-spy")
+
+
 def fold(raw: Path) -> collections.Counter[str]:
     """Samples per phase from py-spy's raw (collapsed-stack) output."""
     counts: collections.Counter[str] = collections.Counter()
@@ -78,7 +85,7 @@ def main() -> int:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "samples.txt"
-        cmd = ["py-spy", "record", "--subprocesses", "--rate", str(args.rate), "--format", "raw", "-o", str(raw),
+        cmd = [py_spy(), "record", "--subprocesses", "--rate", str(args.rate), "--format", "raw", "-o", str(raw),
                "--", sys.executable, "-m", "harness", "run", "--nproc", str(args.nproc), "--scenario", args.scenario,
                "--json", str(Path(tmp) / "results.jsonl")]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
