@@ -4,9 +4,8 @@
     python bench/overhead_bench.py --worlds 2,4 --scenario dense_dp,xorl_ep_lora
 
 For each world size it runs ``clipcheck run --nproc N`` over the selected cases (the default matrix
-unless ``--scenario`` narrows it), as ``clipcheck matrix`` launches it, and reads back the JSON Lines:
-
-The backend is gloo (``--backend`` is not passed: CPU here). Per world:
+unless ``--scenario`` narrows it), as ``clipcheck matrix`` launches it (backend: the default, gloo on
+this CPU machine), and reads back the JSON Lines. Per world:
 
 * wall: the launch from start to exit, process start-up and imports included (what a user waits for);
 * target: the sum over cases of the clip function's own seconds (``seconds``: the slowest rank's

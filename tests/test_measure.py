@@ -14,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from harness.run.measure import gather_stats, measure_replication, merged
+from harness.run.measure import Replication, gather_stats, measure_replication, merged
 from harness.run.pool import current_world
 from harness.spec.layout import MeshSpec
 
@@ -78,6 +78,4 @@ def test_replication_matches_a_byte_by_byte_comparison(world4):
     for r in results:
         world_view, _, brute = r.value
         assert world_view == brute, f"rank {r.rank}"
-    from harness.run.measure import Replication
-
     assert merged([Replication(r.value[1]) for r in results]).distinct == expected

@@ -117,27 +117,32 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
     Parameters with a non-finite value before or after, or an all-zero gradient, get no factor.
 
-    Why one flat vector: the two sums every factor needs, and the finiteness test they imply, run
-    over all parameters at once, segment by segment (per-parameter ops on small gradients cost more
-    in dispatch than in arithmetic); only the residual's max is per parameter. A segment's NaN stays
-    inside its own sums.
+    Why one flat vector: the two sums every factor needs run over all parameters at once, segment
+    by segment (per-parameter ops on small gradients cost more in dispatch than in arithmetic); a
+    segment's NaN stays inside its own sums, and finite sums prove finite values, so only the
+    residual's max, and the finiteness of a parameter whose sums are not finite, are per parameter.
     """
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
         return {"scale": {}, "vanished": vanished}
-    a = torch.cat([_flat64(pre[n]) for n in names])
-    b = torch.cat([_flat64(post[n]) for n in names])
-    lengths = [pre[n].numel() for n in names]  # type: ignore[union-attr]  # None filtered above
+    flat_pre = [_flat64(pre[n]) for n in names]
+    flat_post = [_flat64(post[n]) for n in names]
+    lengths = [t.numel() for t in flat_pre]
+    a, b = torch.cat(flat_pre), torch.cat(flat_post)
 
     def total(values: torch.Tensor) -> list[float]:
         return torch.segment_reduce(values, "sum", lengths=torch.tensor(lengths), unsafe=True).tolist()
 
-    # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf is NaN)
     denoms, dots = total(a * a), total(a * b)
     scale: dict[str, list[float]] = {}
-    for name, a_j, b_j, denom, dot in zip(names, a.split(lengths), b.split(lengths), denoms, dots):
-        if denom == 0.0 or not (math.isfinite(denom) and math.isfinite(dot)):
+    for name, a_j, b_j, denom, dot in zip(names, flat_pre, flat_post, denoms, dots):
+        # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf
+        # is NaN); finite sums prove finite values, and only non-finite sums (rare) are checked one by one
+        sums_finite = math.isfinite(denom) and math.isfinite(dot)
+        if not sums_finite and not (bool(torch.isfinite(a_j).all()) and bool(torch.isfinite(b_j).all())):
+            continue
+        if denom == 0.0:
             continue
         c = dot / denom
         top = float(a_j.abs().max()) * max(abs(c), 1e-300)
@@ -146,7 +151,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
 
 
 def _flat64(t: torch.Tensor | None) -> torch.Tensor:
-    assert t is not None
+    assert t is not None  # the callers pass only present gradients
     return t.detach().to(torch.float64).reshape(-1).cpu()
 
 
