@@ -13,7 +13,10 @@ slowest rank's median of ``--repeats``:
   torch has on CPU: a sum over int32 words costs 12x more, a float64 upcast 10x);
 * all-reduce: one MAX all-reduce of those words over the mesh axis (the least any exact cross-rank
   comparison has to move; none at world 1);
-* truth: the oracle itself, stats and replication, world merge included.
+* truth: the oracle itself, stats and replication, world merge included;
+* replicas: the post-call check every case runs, both ways ``harness.run.replicas`` answers it:
+  ``digests`` (each rank's SHA-256 of every gradient, what gloo worlds use) and ``MAX round``
+  (one MAX all-reduce per axis, what nccl worlds use); reported, not part of the goal.
 
 The goal: truth <= 3x (read pass + all-reduce), i.e. at most three passes' worth of work over the
 bytes, computing and communicating; at world 1 there is nothing to communicate and the yardstick is
@@ -27,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from harness.run import replicas  # noqa: E402
 from harness.run.measure import bit_words, gather_stats, measure_replication  # noqa: E402
 from harness.run.pool import RankPool, current_world  # noqa: E402
 from harness.spec.layout import MeshSpec  # noqa: E402
@@ -76,8 +81,14 @@ def measure_on_rank(elements: int, dtype: str, repeats: int) -> dict[str, float]
                                           world.device)
         assert not any(replication.distinct["dp"].values())
 
+    stats = gather_stats(names, grads, 2.0, world.rank, world.world_size, world.harness_world, world.device)
+
+    def replicas_by(backend: str) -> Callable[[], None]:
+        return lambda: replicas.rank_part(backend, names, grads, stats, groups, world.device)
+
     out = {}
-    for label, fn in (("read pass", read_pass), ("all-reduce", all_reduce), ("truth", truth)):
+    for label, fn in (("read pass", read_pass), ("all-reduce", all_reduce), ("truth", truth),
+                      ("digests", replicas_by("gloo")), ("MAX round", replicas_by("nccl"))):
         dist.barrier(group=world.harness_world)
         out[label] = _timed(fn, repeats)
     # the all-reduce yardstick clones its input (MAX would overwrite the gradient): take the clone out
@@ -94,7 +105,8 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"{args.elements:,} {args.dtype} elements per rank in {PARAMS} parameters, replicated on dp")
-    print(f"{'world':>5} {'read pass s':>12} {'all-reduce s':>13} {'truth s':>8} {'truth / yardstick':>18}")
+    print(f"{'world':>5} {'read pass s':>12} {'all-reduce s':>13} {'truth s':>8} {'truth / yardstick':>18} "
+          f"{'replicas: digests s':>20} {'MAX round s':>12}")
     worst = 0.0
     for world_size in (int(w) for w in args.worlds.split(",")):
         with RankPool(world_size, timeout_s=600) as pool:
@@ -108,7 +120,7 @@ def main() -> int:
         ratio = slowest["truth"] / yardstick
         worst = max(worst, ratio)
         print(f"{world_size:>5} {slowest['read pass']:>12.3f} {slowest['all-reduce']:>13.3f} "
-              f"{slowest['truth']:>8.3f} {ratio:>17.2f}x")
+              f"{slowest['truth']:>8.3f} {ratio:>17.2f}x {slowest['digests']:>20.3f} {slowest['MAX round']:>12.3f}")
     print(f"goal: truth <= 3x one pass over the bytes -> {'met' if worst <= 3 else 'NOT met'} (worst {worst:.2f}x)")
     return 0 if worst <= 3 else 1
 

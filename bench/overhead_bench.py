@@ -8,8 +8,8 @@ unless ``--scenario`` narrows it), as ``clipcheck matrix`` launches it (backend:
 this CPU machine), and reads back the JSON Lines. Per world:
 
 * wall: the launch from start to exit, process start-up and imports included (what a user waits for);
-* target: the sum over cases of the clip function's own seconds (``seconds``: the slowest rank's
-  time inside the call, framework setup included);
+* target: the sum over cases of the clip function's own seconds (``seconds``: the slowest rank's time in the
+  call; a framework's setup, ``dress``, is not in it: ``phase_profile.py`` shows it apart);
 * ratio: wall / target. The goal of issue 12 is at most 2 at worlds 2, 4 and 8 (the harness costs no
   more than the function it judges), and the whole default matrix under 90 s on 2 cores.
 

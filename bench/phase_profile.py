@@ -6,14 +6,16 @@ every rank included, folded into the phases of a case.
     python bench/phase_profile.py --nproc 4 --scenario dense_dp  # framework scenarios, or any selection
 
 Why sampling and not timers in the runner: the runner's hot path stays free of instrumentation, and
-the breakdown includes what timers would miss (imports a framework does inside its first clip call,
-shown apart as "target (its imports)"). Each sample is attributed to the outermost phase function on its stack below
-``run_case``: build (model, dress, meshes), inject, measure (stats and the MAX/MIN rounds),
-target (the clip function under test, its own imports included), effects (post-call snapshots),
-exchange (the store rounds), judge; samples under an import at start-up, outside any case, or in
-the launcher are reported apart. Idle waits are not sampled (py-spy without ``--idle``), so the
-figures are CPU, not wall time; the watchdog thread's timed wait is counted apart (py-spy does not
-always see it as idle).
+the breakdown includes what timers would miss (imports a framework does inside its first call, shown
+apart as "... (its imports)"). Each sample is attributed to the outermost phase function on its stack
+below ``run_case``: build (model, meshes), framework setup (a target's ``dress``: the framework's own
+wrapping and optimizer, guarded like the call), inject, measure (stats and the MAX rounds of the
+pre-call truth), target (the clip function under test), effects (post-call snapshots and replica
+digests), exchange (the store rounds; a store wait holds the GIL, so time spent waiting there for the
+slowest rank is sampled too), judge; samples under an import at start-up, outside any case, or in
+the launcher are reported apart. Other idle waits are not sampled (py-spy without ``--idle``), so
+the figures are CPU, not wall time; the watchdog thread's timed wait is counted apart (py-spy does
+not always see it as idle).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ PHASES = {
     "build_model": "build", "dress": "build", "attach": "build", "mesh": "build",
     "inject": "inject", "inject_grads": "inject",
     "measure": "measure", "gather_stats": "measure", "measure_replication": "measure",
-    "rank_effects": "effects", "snapshot_params": "effects", "local_grads": "effects",
+    "rank_effects": "effects", "snapshot_params": "effects", "local_grads": "effects", "rank_part": "effects",
     "_agree": "exchange", "gather_json": "exchange", "allgather_json": "exchange",
     "evaluate": "judge", "variant_truth": "judge", "measured_norm": "judge", "merged": "judge",
 }
@@ -48,13 +50,16 @@ def phase_of(frames: list[str]) -> str:
     importing = any("_find_and_load" in frame for frame in frames)
     if any("harness/run/watchdog" in frame for frame in frames):
         return "watchdog thread"
-    if importing and "_call_target" not in names:
+    if importing and "run_case" not in names:
         return "imports at start-up"
     if "run_case" in names:
-        for name in names[names.index("run_case") + 1:]:
+        below = names[names.index("run_case") + 1:]
+        for i, name in enumerate(below):
             if name in PHASES:
                 phase = PHASES[name]
-                return "target (its imports)" if phase == "target" and importing else phase
+                if phase == "target" and "dress" in below[i:]:
+                    phase = "framework setup"
+                return f"{phase} (its imports)" if phase in ("target", "framework setup") and importing else phase
         return "run_case, other"
     if any("harness/run/" in frame or "harness/commands/run" in frame for frame in frames):
         return "rank, outside a case"
@@ -95,7 +100,8 @@ def main() -> int:
             return 2
         counts = fold(raw)
     total = sum(counts.values())
-    case_phases = set(PHASES.values()) | {"run_case, other", "target (its imports)"}
+    case_phases = set(PHASES.values()) | {"run_case, other", "target (its imports)", "framework setup",
+                                          "framework setup (its imports)"}
     in_cases = sum(v for k, v in counts.items() if k in case_phases)
     print(f"{'phase':24} {'samples':>8} {'of all':>7} {'of cases':>9}")
     for phase, n in counts.most_common():

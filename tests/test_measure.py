@@ -1,4 +1,5 @@
-"""The oracle's replication measurement against a brute-force comparison of every holder's bytes.
+"""The oracle's replication measurement against a brute-force comparison of every holder's bytes,
+and the post-call replica check both ways it is answered (digests in the records, a MAX round).
 
 ``measure_replication`` decides replication with one MAX all-reduce of raw words per axis; this test
 gathers every rank's bytes instead and compares them pairwise, on gradients built to hit each corner
@@ -14,6 +15,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from harness.run import replicas
 from harness.run.measure import Replication, gather_stats, measure_replication, merged
 from harness.run.pool import current_world
 from harness.spec.layout import MeshSpec
@@ -56,7 +58,7 @@ def _brute_force(names: list[str], grads: dict[str, torch.Tensor | None]) -> dic
     return out
 
 
-def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], dict[str, dict[str, bool]], dict[str, dict[str, bool]]]:
+def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], ...]:
     world = current_world()
     grads = _grads(world.rank)
     names = list(grads)
@@ -65,7 +67,9 @@ def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], dict[str, dict[str, 
     world_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, world.harness_world,
                                      world.device)
     own_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, None, world.device)
-    return world_view.distinct, own_view.distinct, _brute_force(names, grads)
+    parts = {backend: replicas.rank_part(backend, names, grads, stats, groups, world.device)
+             for backend in ("gloo", "nccl")}
+    return world_view.distinct, own_view.distinct, _brute_force(names, grads), parts
 
 
 def test_replication_matches_a_byte_by_byte_comparison(world4):
@@ -76,6 +80,34 @@ def test_replication_matches_a_byte_by_byte_comparison(world4):
     assert expected["b"]["nan_payload_by_b"] and expected["a"]["signed_zero_by_a"]
     assert not expected["a"]["absent_where_b1"] and not expected["b"]["absent_where_b1"]
     for r in results:
-        world_view, _, brute = r.value
+        world_view, _, brute, _ = r.value
         assert world_view == brute, f"rank {r.rank}"
     assert merged([Replication(r.value[1]) for r in results]).distinct == expected
+
+
+def test_post_call_replicas_both_ways_match_a_byte_by_byte_comparison(world4):
+    results = world4.run(_measure_on_rank)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    expected = results[0].value[2]
+    names = list(expected["a"])
+    digests = [r.value[3]["gloo"] for r in results]
+    rounds = [r.value[3]["nccl"] for r in results]
+    assert all("digests" in p for p in digests) and all("distinct" in p for p in rounds)  # both paths really ran
+    assert replicas.merge_parts(names, digests, MESH).distinct == expected
+    assert replicas.merge_parts(names, rounds, MESH).distinct == expected
+
+
+def test_a_digest_sees_every_bit_and_the_length():
+    base = torch.tensor([1.0, math.nan, -0.0], dtype=torch.float32)
+    same = base.clone()
+    other_nan = base.view(torch.int32).clone()
+    other_nan[1] |= 1
+    assert replicas.bits_digest(base) == replicas.bits_digest(same)
+    # the criterion of the MAX round: element count, element size, bytes (an int32 view of the same
+    # words is the same gradient to it; a sanitized post-call gradient keeps its dtype anyway)
+    assert replicas.bits_digest(base.view(torch.int32)) == replicas.bits_digest(base)
+    variants = [base, other_nan.view(torch.float32), torch.tensor([1.0, math.nan, 0.0]), torch.tensor([1.0, math.nan]),
+                base.to(torch.float64), torch.zeros(0), torch.zeros(0, dtype=torch.float64)]
+    assert len({replicas.bits_digest(v) for v in variants}) == len(variants)
+    strided = torch.arange(12.0).view(3, 4).t()
+    assert replicas.bits_digest(strided) == replicas.bits_digest(strided.contiguous())

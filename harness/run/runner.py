@@ -12,9 +12,9 @@ Every rank executes the same collectives in the same order whatever the function
 4. check what the harness can see at once: the return type, the default process group;
 5. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
    if a rank hung, ``WorldBroken`` ends the run (the world cannot run another case);
-6. measure replication again on the clipped gradients (mangled ones dropped first, so a target that
-   reshapes a gradient cannot crash the harness; each rank's view, merged by rank 0) and what the
-   target did (``effects``);
+6. measure what the target did (``effects``) and whether true replicas are still identical
+   (``replicas``: digests in the records on gloo, a MAX round on nccl; mangled gradients dropped
+   first, so a target that reshapes a gradient cannot crash the harness; merged by rank 0);
 7. send the rank's record to rank 0 through the store; rank 0 judges the case.
 """
 
@@ -36,7 +36,8 @@ from harness.spec.context import CaseContext, attach
 from harness.run.devices import settle
 from harness.run.effects import rank_effects, snapshot_params
 from harness.spec.model import local_grads
-from harness.run.measure import Replication, gather_stats, measure_replication, merged
+from harness.run import replicas
+from harness.run.measure import gather_stats, measure_replication
 from harness.judge.truth import measured_norm
 from harness.spec.constructive import variant_truth
 from harness.spec.scenario import Scenario
@@ -158,11 +159,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     post, local = rank_effects(pre, local_grads(model, names), params_before,
                                {n: local_tensor(p) for n, p in model.named_parameters()},
                                bool(variant.injection.nonfinite))
-    # the pre-call stats size the buckets: a gradient keeps its shape or was dropped as mangled
-    # this rank's view only: the views travel in the records, and rank 0 merges them (one collective less)
-    post_view = measure_replication(names, post, stats, layout.mesh, groups.harness_groups, None, world.device)
+    # this rank's part only: the parts travel in the records, and rank 0 merges them
+    local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
     local["stale_truth"] = stale_truth
-    local["post_distinct"] = post_view.distinct
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                               "local": local}
     records = world.gather_json("record", record, 2 * world.timeout_s + 60)
@@ -170,5 +169,5 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
         return None
     truth = variant_truth(variant, case.norm_type)
     measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
-    post_rep = merged([Replication(r["local"]["post_distinct"]) for r in records])
+    post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh)
     return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)
