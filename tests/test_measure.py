@@ -11,6 +11,8 @@ equal to the absent sentinel, a gradient absent on some ranks, and shapes that d
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import torch
 import torch.distributed as dist
@@ -111,3 +113,15 @@ def test_a_digest_sees_every_bit_and_the_length():
     assert len({replicas.bits_digest(v) for v in variants}) == len(variants)
     strided = torch.arange(12.0).view(3, 4).t()
     assert replicas.bits_digest(strided) == replicas.bits_digest(strided.contiguous())
+
+
+def test_a_digest_needs_no_numpy():
+    """numpy is not a dependency: a plain install with torch alone has none (found by the installed-product
+    check of CI, where the first digest raised 'Numpy is not available')."""
+    code = ("import sys; sys.modules['numpy'] = None\n"
+            "import torch\n"
+            "from harness.run.replicas import bits_digest\n"
+            "print(bits_digest(torch.arange(7, dtype=torch.bfloat16)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == replicas.bits_digest(torch.arange(7, dtype=torch.bfloat16))

@@ -20,6 +20,7 @@ size, every byte) and give the same ``Replication``:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import struct
 from typing import Any, Mapping, Sequence
@@ -42,11 +43,19 @@ def uses_digests(backend: str) -> bool:
 def bits_digest(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's element count, element size and raw bytes (hex, 128 bits): equal for two
     gradients exactly when ``measure_replication`` would call them identical (up to a collision)."""
-    flat = t.detach().contiguous().view(-1)
+    flat = t.detach().cpu().contiguous().view(-1)
     h = hashlib.sha256(struct.pack("<qq", flat.numel(), flat.element_size()))
     if flat.numel():
-        h.update(flat.cpu().view(torch.uint8).numpy().data)
+        h.update(_bytes_view(flat))
     return h.hexdigest()[:_DIGEST_HEX]
+
+
+def _bytes_view(flat: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, read where they lie (no copy). Through ctypes, because
+    numpy is not a dependency of clipcheck (a plain ``pip install`` with torch alone has none), and
+    torch hands out no buffer of its own; ``flat`` outlives the view in the caller."""
+    nbytes = flat.numel() * flat.element_size()
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())).cast("B")
 
 
 def rank_part(backend: str, names: Sequence[str], post: Grads, stats: StatsTable, groups: MeshGroups,
