@@ -10,8 +10,9 @@ size, every byte) and give the same ``Replication``:
 * ``digests`` (gloo): each rank sends a SHA-256 digest (128 bits kept) of every post-call gradient and
   rank 0 compares the digests of each group's holders; no collective at all. On CPU worlds the
   per-axis MAX round was the largest per-case cost of the harness: a small gloo all-reduce takes
-  ~9 ms at world 8 on 2 cores, one per mesh axis per case, while hashing reads ~1.8 GB/s, faster than
-  gloo moves the same bytes even at world 2 (``bench/oracle_bench.py``). Different digests prove
+  ~10 ms at world 8 on 2 cores, a store round under 1 ms (``bench/exchange_bench.py``), one per mesh
+  axis per case, while hashing reads ~1.8 GB/s, faster than gloo moves the same bytes even at world 2
+  (``bench/oracle_bench.py``). Different digests prove
   different bits; equal digests of different bits would take a SHA-256 collision.
 * ``collectives`` (nccl): the per-axis MAX round of ``measure_replication``, each rank's own view,
   merged by rank 0 (``merged``): the bytes stay on the device, where hashing would first copy every
@@ -26,6 +27,7 @@ import struct
 from typing import Any, Mapping, Sequence
 
 import torch
+
 from harness.run.measure import Replication, StatsTable, measure_replication, merged
 from harness.run.world import MeshGroups
 from harness.spec.layout import MeshSpec

@@ -61,8 +61,8 @@ class MeshGroups:
     The twins are built on first use, not with the mesh: only a truth measurement needs them (and,
     on nccl, the post-call replica round), and after a raising case the next cases of the variant
     reuse its truth, so a fresh generation would otherwise pay for groups it never uses (15-40% of
-    a regeneration's ~0.25 s at world 8 on 2 cores). Every rank reaches that first use at the same case, so every rank
-    still creates the same groups in the same order."""
+    a regeneration's ~0.25 s at world 8 on 2 cores). Every rank reaches that first use at the same
+    case, so every rank still creates the same groups in the same order."""
 
     spec: MeshSpec
     device_mesh: DeviceMesh
