@@ -76,12 +76,12 @@ def measure_on_rank(elements: int, dtype: str, repeats: int) -> dict[str, float]
                 dist.all_reduce(w.clone(), op=dist.ReduceOp.MAX, group=groups.harness_groups["dp"])
 
     def truth() -> None:
-        stats = gather_stats(names, grads, 2.0, world.rank, world.world_size, world.harness_world, world.device)
-        replication = measure_replication(names, grads, stats, mesh, groups.harness_groups, world.harness_world,
-                                          world.device)
+        stats = gather_stats(names, grads, 2.0, world.store_round("stats"))
+        replication = measure_replication(names, grads, stats, mesh, groups.harness_groups,
+                                          world.store_round("replication"), world.device)
         assert not any(replication.distinct["dp"].values())
 
-    stats = gather_stats(names, grads, 2.0, world.rank, world.world_size, world.harness_world, world.device)
+    stats = gather_stats(names, grads, 2.0, world.store_round("stats"))
 
     def replicas_by(backend: str) -> Callable[[], None]:
         return lambda: replicas.rank_part(backend, names, grads, stats, groups, world.device)

@@ -2,12 +2,15 @@
 
     python bench/overhead_bench.py                          # the default matrix at worlds 1, 2, 4, 8
     python bench/overhead_bench.py --worlds 2,4 --scenario dense_dp,xorl_ep_lora
+    python bench/overhead_bench.py --worlds 8 --by-scenario     # where world 8's wall time goes
+    python bench/overhead_bench.py --spawn-ranks                # ranks as fresh interpreters (torchrun's way)
 
 For each world size it runs ``clipcheck run --nproc N`` over the selected cases (the default matrix
 unless ``--scenario`` narrows it), as ``clipcheck matrix`` launches it (backend: the default, gloo on
 this CPU machine), and reads back the JSON Lines. Per world:
 
 * wall: the launch from start to exit, process start-up and imports included (what a user waits for);
+* start: when the first case's record appeared (start-up: imports, planning, the first groups);
 * target: the sum over cases of the clip function's own seconds (``seconds``: the slowest rank's time in the
   call; a framework's setup, ``dress``, is not in it: ``phase_profile.py`` shows it apart);
 * ratio: wall / target. The goal of issue 12 is at most 2 at worlds 2, 4 and 8 (the harness costs no
@@ -34,22 +37,62 @@ from harness.commands.matrix import default_matrix_path  # noqa: E402
 
 RATIO_GOAL = 2.0
 MATRIX_GOAL_S = 90.0
+FOLLOW_S = 0.2  # how often the launch's JSON Lines are read while it runs
 
 
-def launch(world: int, scenarios: str | None, out: Path) -> tuple[float, list[dict]]:
-    """One ``clipcheck run`` launch; its wall seconds and its case records."""
+def launch(world: int, scenarios: str | None, out: Path, spawn: bool) -> tuple[float, float, list[dict]]:
+    """One ``clipcheck run`` launch: its wall seconds, when its first case record was written, and its
+    case records, each with ``_arrived`` (seconds from the start when this process read it: the file
+    is followed while the launch runs, since rank 0 writes each record as its case ends)."""
     jsonl = out / f"world{world}.jsonl"
+    jsonl.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(world), "--matrix", default_matrix_path(),
            "--json", str(jsonl), "--no-progress"]
     cmd += ["--scenario", scenarios] if scenarios else []
+    cmd += ["--spawn-ranks"] if spawn else []
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode not in (0, 1):  # 1: some case failed, which is what the matrix is for
-        sys.exit(f"overhead_bench: world {world} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    arrived: list[float] = []
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+        while proc.poll() is None:
+            time.sleep(FOLLOW_S)
+            arrived += [time.perf_counter() - start] * (_lines(jsonl) - len(arrived))
+        wall = time.perf_counter() - start
+        if proc.returncode not in (0, 1):  # 1: some case failed, which is what the matrix is for
+            stderr.seek(0)
+            sys.exit(f"overhead_bench: world {world} exited {proc.returncode}:\n{stderr.read()[-2000:]}")
+    # the launcher rewrites the file at the end, case records first, in the order they were written
     records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    return wall, [r for r in records if r.get("type") == "case"]
+    cases = [r for r in records if r.get("type") == "case"]
+    for case, seconds in zip(cases, arrived):
+        case["_arrived"] = seconds
+    first = min((c["_arrived"] for c in cases if "_arrived" in c), default=wall)
+    return wall, first, cases
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
+
+
+def by_scenario(cases: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(scenario, cases, wall seconds from the previous record to each of its records, its targets'
+    seconds): where a launch's wall time went, scenario by scenario, most first."""
+    spans: dict[str, list[float]] = {}
+    previous = None
+    for case in cases:
+        if "_arrived" not in case:
+            continue
+        entry = spans.setdefault(case["scenario"], [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += case["_arrived"] - (case["_arrived"] if previous is None else previous)
+        entry[2] += float(case.get("seconds") or 0.0)
+        previous = case["_arrived"]
+    return sorted(((name, int(n), wall, target) for name, (n, wall, target) in spans.items()), key=lambda r: -r[2])
 
 
 def main() -> int:
@@ -58,23 +101,32 @@ def main() -> int:
     p.add_argument("--scenario", default=None, help="scenario name(s), comma separated (default: the matrix's)")
     p.add_argument("--keep", metavar="DIR", default=None,
                    help="keep each world's JSON Lines in DIR (to compare verdicts between versions)")
+    p.add_argument("--spawn-ranks", action="store_true",
+                   help="ranks as fresh interpreters (as torchrun starts them), not forked from the launcher")
+    p.add_argument("--by-scenario", action="store_true",
+                   help="also print, per world, the wall time spent on each scenario's cases (most first)")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="clipcheck-overhead-") as tmp:
         out = Path(args.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
         for world in (int(w) for w in args.worlds.split(",")):
-            wall, cases = launch(world, args.scenario, out)
+            wall, first, cases = launch(world, args.scenario, out, args.spawn_ranks)
             target = sum(float(c.get("seconds") or 0.0) for c in cases if c.get("verdict") != "SKIP")
-            rows.append((world, len(cases), wall, target))
-    print(f"{'world':>5} {'cases':>6} {'wall s':>8} {'target s':>9} {'harness s':>10} {'ms/case':>8} {'ratio':>6}")
-    for world, n, wall, target in rows:
+            rows.append((world, len(cases), wall, first, target))
+            if args.by_scenario:
+                print(f"world {world}: {'scenario':<20} {'cases':>5} {'wall s':>7} {'target s':>8} {'ms/case':>8}")
+                for name, n, span, spent in by_scenario(cases):
+                    print(f"world {world}: {name:<20} {n:>5} {span:>7.1f} {spent:>8.1f} {1000 * span / n:>8.1f}")
+    print(f"{'world':>5} {'cases':>6} {'wall s':>8} {'start s':>8} {'target s':>9} {'harness s':>10} {'ms/case':>8} "
+          f"{'ratio':>6}")
+    for world, n, wall, first, target in rows:
         ratio = wall / target if target else float("inf")
-        print(f"{world:>5} {n:>6} {wall:>8.1f} {target:>9.1f} {wall - target:>10.1f} "
+        print(f"{world:>5} {n:>6} {wall:>8.1f} {first:>8.1f} {target:>9.1f} {wall - target:>10.1f} "
               f"{1000 * (wall - target) / max(n, 1):>8.1f} {ratio:>5.1f}x")
     total = sum(r[2] for r in rows)
     judged = [r for r in rows if r[0] > 1]
-    worst = max((r[2] / r[3] if r[3] else float("inf")) for r in judged) if judged else 0.0
+    worst = max((r[2] / r[4] if r[4] else float("inf")) for r in judged) if judged else 0.0
     print(f"total wall {total:.1f} s over {sum(r[1] for r in rows)} cases")
     print(f"goal: wall <= {RATIO_GOAL:.0f}x target at worlds > 1 -> {'met' if worst <= RATIO_GOAL else 'NOT met'} "
           f"(worst {worst:.1f}x)")

@@ -97,3 +97,21 @@ def expect_skips(run: HarnessRun, framework: Any, *targets: str) -> None:
         assert all(framework.install in c["skip_reason"] for c in cases), target
         total += len(cases)
     assert run.summary["skipped"] >= total
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process whose ancestry reaches pid (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found

@@ -65,8 +65,8 @@ def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], ...]:
     grads = _grads(world.rank)
     names = list(grads)
     groups = world.mesh(MESH)
-    stats = gather_stats(names, grads, 2.0, world.rank, world.world_size, world.harness_world, world.device)
-    world_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, world.harness_world,
+    stats = gather_stats(names, grads, 2.0, world.store_round("stats"))
+    world_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, world.store_round("merge"),
                                      world.device)
     own_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, None, world.device)
     parts = {backend: replicas.rank_part(backend, names, grads, stats, groups, world.device)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import broken_targets
-from harness_runs import ROOT, run_clipcheck, run_harness
+from harness_runs import ROOT, descendants, run_clipcheck, run_harness
 
 pytestmark = pytest.mark.distributed
 
@@ -135,28 +135,11 @@ def test_a_matrix_whose_rank_died_is_not_a_pass(tmp_path):
     assert "=> PASS" not in proc.stdout
     records = [__import__("json").loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     crash = [r for r in records if r.get("type") == "case" and r["verdict"] == "ERROR"]
-    assert len(crash) == 1 and "crash" in crash[0]["checks"] and "rank 1" in crash[0]["checks"]["crash"]["detail"]
+    assert len(crash) == 1 and "crash" in crash[0]["checks"], (crash, proc.stdout, proc.stderr)
+    assert "crash" in crash[0]["checks"] and "rank 1" in crash[0]["checks"]["crash"]["detail"]
     suite = ET.parse(out / "junit.xml").getroot()
     suites = [suite] if suite.tag == "testsuite" else list(suite)
     assert sum(int(s.get("errors", 0)) for s in suites) == 1
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every live process whose ancestry reaches pid (read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -168,7 +151,7 @@ def test_interrupting_the_matrix_leaves_no_process_and_merges_what_finished(tmp_
                              "--target", f"reference,{BROKEN}:hang_on_rank1", "--timeout", "120", "--out", str(out)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and len(_descendants(proc.pid)) < 3:  # the launch and its two ranks
+    while time.monotonic() < deadline and len(descendants(proc.pid)) < 3:  # the launch and its two ranks
         time.sleep(0.5)
     # the reference case is written as soon as it is judged; then the hang begins (poll, not a fixed
     # sleep: on a loaded machine the first case can take far longer than usual)
@@ -177,7 +160,7 @@ def test_interrupting_the_matrix_leaves_no_process_and_merges_what_finished(tmp_
             launch_results.read_text() if launch_results.exists() else ""):
         time.sleep(0.5)
     time.sleep(1)
-    family = _descendants(proc.pid)
+    family = descendants(proc.pid)
     proc.send_signal(signum)
     output, _ = proc.communicate(timeout=90)
     time.sleep(1)

@@ -11,6 +11,8 @@ What it adds over ``torchrun --nproc_per_node=N -m harness``:
   case it was running: that case is recorded as an ERROR naming the rank and how it died, and the
   launch is resumed at the next case (``--start-at``), at most ``--max-resumes`` times; a hung rank
   is recorded by rank 0 itself (see ``execute``) and the launch resumes the same way;
+* on CPU/gloo the ranks are forked from this process after it has planned and imported the plan's
+  frameworks, so they do not repeat either (``forked``; ``--spawn-ranks`` starts fresh interpreters);
 * the JSON Lines file is rewritten at the end with every planned case exactly once, then the
   metamorphic groups and one summary; JUnit is written from the same records.
 """
@@ -30,7 +32,8 @@ from typing import Any, Sequence
 
 from harness.spec.case import CaseSpec
 from harness.judge.checks import unjudged_result
-from harness.commands.options import add_selection_options, spec_from_args, unwritable
+from harness.commands.forked import fork_problem, forked_rank
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, spec_from_args, unwritable
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.judge.metamorphic import metamorphic_groups
@@ -38,6 +41,7 @@ from harness.spec.plan import Plan, plan_cases
 from harness.judge.records import CaseRecord, Record, case_records, read_records
 from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
+from harness.run.startup import preload_frameworks
 from harness.run.world import default_backend
 
 MAX_RESUMES = 8
@@ -55,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("--verbose", action="store_true", help="print the measured placement of every parameter")
+    add_spawn_ranks_option(p)
     p.add_argument("--max-resumes", type=int, default=MAX_RESUMES,
                    help=f"relaunches after a rank died or hung (default {MAX_RESUMES})")
     return p
@@ -73,10 +78,11 @@ class RankExit:
         return f"rank {self.rank} {how}"
 
 
-def launch_ranks(nproc: int, worker_args: list[str]) -> list[RankExit]:
+def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = None) -> list[RankExit]:
     """Run ``python -m harness <worker_args>`` on ``nproc`` local ranks under torchrun's elastic agent
-    (in this process); every rank's exit, or [] when all exited 0. SIGINT/SIGTERM to this process
-    stop the ranks (the agent forwards them) before they propagate here."""
+    (in this process); every rank's exit, or [] when all exited 0. With ``forked_plan`` (the plan of
+    these very arguments) the ranks are forked from this process and start from it (``forked``).
+    SIGINT/SIGTERM to this process stop the ranks (the agent forwards them) before they propagate here."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -84,9 +90,12 @@ def launch_ranks(nproc: int, worker_args: list[str]) -> list[RankExit]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.1)
+                          monitor_interval=0.1, start_method="fork")  # used by a function entry point only
     try:
-        elastic_launch(config, sys.executable)("-m", "harness", *worker_args)
+        if forked_plan is not None:
+            elastic_launch(config, forked_rank)(forked_plan, worker_args)
+        else:
+            elastic_launch(config, sys.executable)("-m", "harness", *worker_args)
     except ChildFailedError as exc:
         exits = []
         for rank, failure in sorted(exc.failures.items()):
@@ -132,9 +141,12 @@ def run_plan(plan: Plan, args: argparse.Namespace, backend: str, spec_path: str,
     order = [c.index for c in plan.cases]
     records: dict[int, CaseRecord] = {}
     start, resumes = 0, 0
+    forked_plan = None if fork_problem(backend, args.spawn_ranks) else plan
+    if forked_plan is not None:
+        preload_frameworks(plan)
     while True:
         jsonl.unlink(missing_ok=True)
-        exits = launch_ranks(nproc, worker_args(args, spec_path, str(jsonl), start, backend))
+        exits = launch_ranks(nproc, worker_args(args, spec_path, str(jsonl), start, backend), forked_plan)
         found = _case_records(jsonl)
         if any(e.exitcode == EXIT_USAGE for e in exits) and not found:
             return records, resumes, EXIT_USAGE
@@ -185,7 +197,9 @@ def write_results(records: list[CaseRecord], backend: str, jsonl: Path | None, j
     return counts.status
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], plan: Plan | None = None) -> int:
+    """``clipcheck run``. ``plan``: the plan of these very arguments, made by a ``clipcheck matrix``
+    that forked this launcher (``forked.ForkedProcess``); made here otherwise."""
     args = build_parser().parse_args(argv)
     backend = args.backend or default_backend()
     try:
@@ -196,7 +210,7 @@ def main(argv: Sequence[str]) -> int:
             if problem:
                 raise ClipcheckInputError(f"{flag} {path}: {problem}")
         spec = spec_from_args(args)
-        plan = plan_cases(spec, args.nproc, backend)
+        plan = plan if plan is not None else plan_cases(spec, args.nproc, backend)
     except ClipcheckInputError as exc:
         print(f"clipcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -28,8 +28,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.judge.checks import unjudged_result
-from harness.commands.options import add_selection_options, spec_from_args
+from harness.commands.forked import ForkedProcess, fork_problem
+from harness.commands.launcher import main as launcher_main
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, spec_from_args
 from harness.run.devices import cuda_device_count, world_skip_reason
+from harness.run.startup import preload_frameworks
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
@@ -74,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results", help="folder for per-launch logs and merged results")
     p.add_argument("--verbose", action="store_true", help="print every case, not only the summary and failures")
     add_selection_options(p)
+    add_spawn_ranks_option(p)
     return p
 
 
@@ -120,7 +124,7 @@ class _Interrupt:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | ForkedProcess | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.signum = signum
@@ -131,15 +135,25 @@ class _Interrupt:
                 pass
 
 
-def _run(launch: Launch, spec_path: Path, timeout: float, blame: bool, interrupt: _Interrupt) -> None:
-    cmd = [sys.executable, "-m", "harness", "run", "--nproc", str(launch.world_size), "--backend", launch.backend,
-           "--matrix", str(spec_path), "--timeout", str(timeout), "--json", str(launch.jsonl), "--no-progress"]
-    cmd += ["--blame"] if blame else []
+def launch_flags(args: argparse.Namespace) -> list[str]:
+    """The matrix's flags that each ``clipcheck run`` launch takes as they are."""
+    return ["--timeout", str(args.timeout)] + (["--blame"] if args.blame else []) + (
+        ["--spawn-ranks"] if args.spawn_ranks else [])
+
+
+def _run(launch: Launch, spec_path: Path, flags: list[str], interrupt: _Interrupt) -> None:
+    argv = ["--nproc", str(launch.world_size), "--backend", launch.backend, "--matrix", str(spec_path),
+            "--json", str(launch.jsonl), "--no-progress", *flags]
     print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
     with open(launch.log, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc: subprocess.Popen | ForkedProcess
+        if _forks(launch, flags):  # the launcher starts from this process's imports and plan
+            proc = ForkedProcess(launcher_main, (argv, launch.plan), log)
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *argv], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         interrupt.proc = proc
         try:
             while True:
@@ -158,6 +172,11 @@ def _run(launch: Launch, spec_path: Path, timeout: float, blame: bool, interrupt
         f"CRASHED (exit {launch.returncode})"
     print(f" {judged}/{len(launch.plan.cases)} judged, {state} in {launch.seconds:.1f} s (log {launch.log})",
           flush=True)
+
+
+def _forks(launch: Launch, flags: list[str]) -> bool:
+    """Whether the launch's launcher (and so its ranks) is forked from this process."""
+    return fork_problem(launch.backend, "--spawn-ranks" in flags) is None
 
 
 def _launch_records(launch: Launch) -> list[CaseRecord]:
@@ -199,13 +218,17 @@ def main(argv: Sequence[str]) -> int:
     spec_path = out / "matrix.json"
     spec_path.write_text(json.dumps(spec_from_args(args).to_mapping(), indent=1))
 
+    flags = launch_flags(args)
+    for launch in launches:
+        if _forks(launch, flags):
+            preload_frameworks(launch.plan, str(out / "preload.log"))  # once here, not in every launcher
     interrupt = _Interrupt()
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for launch in launches:
             if interrupt.signum:
                 break
-            _run(launch, spec_path, args.timeout, args.blame, interrupt)
+            _run(launch, spec_path, flags, interrupt)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

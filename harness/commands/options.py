@@ -20,6 +20,14 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
                         "print the weight it gives each (costs one run per group of each failing case)")
 
 
+def add_spawn_ranks_option(p: argparse.ArgumentParser) -> None:
+    """``clipcheck run`` and ``clipcheck matrix``: start ranks as fresh interpreters, as torchrun does."""
+    p.add_argument("--spawn-ranks", action="store_true",
+                   help="start every rank as a fresh Python process, as torchrun does, instead of forking it from "
+                        "the launcher (the default on CPU/gloo; slower: each rank imports and plans again). For a "
+                        "target whose import differs per rank")
+
+
 def spec_from_args(args: argparse.Namespace) -> MatrixSpec:
     base = load_matrix(args.matrix) if args.matrix else MatrixSpec()
     return base.merged(flag_overrides(args))

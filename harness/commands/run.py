@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 
+from harness.run.startup import settle_startup
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
@@ -83,7 +84,9 @@ def _distinct_errors(errors: Sequence[str | None]) -> list[str]:
             for message, ranks in by_message.items()]
 
 
-def run_main(argv: Sequence[str]) -> int:
+def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
+    """One rank's run. ``plan``: the launcher's own plan of these very arguments, handed to a rank
+    it forked (``commands.forked``); a rank started fresh makes it itself."""
     args = build_parser().parse_args(argv)
     if args.list:
         print_listing()
@@ -92,7 +95,6 @@ def run_main(argv: Sequence[str]) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     backend = args.backend or default_backend()
     error = None
-    plan = None
     try:
         error = usage_problem(args, backend, world_size)
         if error is None and args.replay:
@@ -102,7 +104,7 @@ def run_main(argv: Sequence[str]) -> int:
                 return replay_on_pool(args.replay, args.backend, args.timeout, args.json, args.verbose,
                                       args.allow_target_path)
             plan = replay_plan(args.replay, world_size, args.allow_target_path)
-        elif error is None:
+        elif error is None and plan is None:
             plan = plan_cases(spec_from_args(args), world_size, backend)
     except ClipcheckInputError as exc:
         error = str(exc)
@@ -118,8 +120,13 @@ def run_main(argv: Sequence[str]) -> int:
         if rank == 0:
             for line in _distinct_errors(errors):
                 print(f"clipcheck: error: {line}", file=sys.stderr, flush=True)
+            if world is not None:
+                world.signal_ended()
+        elif world is not None:  # the launcher stops every rank once one exits: rank 0 prints first
+            world.wait_ended()
         return EXIT_USAGE
     assert plan is not None and world is not None
+    settle_startup(plan)
     world.start()
     return execute(world, plan, args, backend, rank, world_size)
 

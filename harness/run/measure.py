@@ -4,8 +4,8 @@ For every parameter and every mesh axis, a MAX all-reduce of the gradient's raw 
 int32 words) over that axis's groups, and each holder's comparison of its own words with that
 maximum: no holder differing from the maximum (MAX = MIN) means the gradient is replicated along the
 axis and must be counted once there. Nothing declared is trusted: only the bits. All parameters
-share one bucket per axis, so a case costs one collective per mesh axis (plus one to gather
-per-rank statistics and one to merge the per-group verdicts), not one per parameter, and moves
+share one bucket per axis, so a case costs one collective per mesh axis (plus two store rounds of a
+few numbers: per-rank statistics and the per-group verdicts), not one per parameter, and moves
 each gradient's bytes once per axis (``bench/oracle_bench.py`` measures it at 100M elements).
 Integer views matter: float MAX merges +0/-0 and drops NaN depending on rank order.
 
@@ -15,16 +15,14 @@ functions on the results: ``harness.judge.truth``.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from harness.clipmath import combine, is_inf_norm, pow_sum, root
-from harness.spec.injection import Injection, logical_grad
-from harness.spec.layout import Layout, MeshSpec, Replicate
+from harness.clipmath import combine, pow_sum, root
+from harness.spec.layout import MeshSpec
 
 _ABSENT = torch.iinfo(torch.int32).min  # the identity of MAX: what a rank without the gradient sends
 _HEADER = 2  # numel, itemsize: a shape mismatch shows up as a spread too
@@ -104,32 +102,29 @@ def _word_count(numel: int, itemsize: int) -> int:
     return -(-numel * itemsize // 4)
 
 
+AllGather = Callable[[Any], list[Any]]
+"""Every rank's JSON-able payload, in rank order: a round through the rendezvous store
+(``DistWorld.allgather_json``). For a few numbers per parameter it costs 0.3-0.8 ms at worlds 2-8 on
+2 cores, a gloo all-reduce 2-10 ms (``bench/exchange_bench.py``); JSON carries every float exactly
+(repr round-trips; NaN and infinities included)."""
+
+
 def gather_stats(
     names: Sequence[str],
     grads: Mapping[str, torch.Tensor | None],
     norm_type: float,
-    rank: int,
-    world_size: int,
-    group: dist.ProcessGroup,
-    device: torch.device,
+    allgather: AllGather,
 ) -> StatsTable:
-    """One SUM all-reduce of a [world, params, 3] float64 table where each rank fills its row."""
-    table = torch.zeros(world_size, len(names), 3, dtype=torch.float64, device=device)
-    for j, name in enumerate(names):
-        g = grads.get(name)
-        if g is None:
-            table[rank, j, 0] = -1
-            continue
-        table[rank, j, 0] = g.numel()
-        table[rank, j, 1] = g.element_size()
-        table[rank, j, 2] = pow_sum(g, norm_type)
-    dist.all_reduce(table, op=dist.ReduceOp.SUM, group=group)
-    t = table.cpu()
+    """Each rank's [numel, itemsize, pow_sum] per parameter (numel -1 where it has no gradient),
+    all-gathered: the table every rank then holds alike."""
+    row = [[-1, 0, 0.0] if g is None else [g.numel(), g.element_size(), pow_sum(g, norm_type)]
+           for g in (grads.get(name) for name in names)]
+    rows = allgather(row)
     return StatsTable(
         names=list(names),
-        numel=t[:, :, 0].long().tolist(),
-        itemsize=t[:, :, 1].long().tolist(),
-        pow_sum=t[:, :, 2].tolist(),
+        numel=[[int(entry[0]) for entry in r] for r in rows],
+        itemsize=[[int(entry[1]) for entry in r] for r in rows],
+        pow_sum=[[float(entry[2]) for entry in r] for r in rows],
     )
 
 
@@ -139,7 +134,7 @@ def measure_replication(
     stats: StatsTable,
     mesh: MeshSpec,
     axis_groups: Mapping[str, dist.ProcessGroup],
-    world_group: dist.ProcessGroup | None,
+    merge: AllGather | None,
     device: torch.device,
 ) -> Replication:
     """Per mesh axis, one MAX all-reduce of every parameter's raw words (one bucket, a header of
@@ -147,8 +142,8 @@ def measure_replication(
     with the group's maximum. Every holder equals the maximum exactly when all holders are equal,
     so one collective of the gradient's own bytes decides replication (a MIN round would double the
     traffic and say nothing more). Ranks without the gradient send the identity of MAX and judge
-    nothing. Then one MAX over the world merges every group's verdict (``world_group`` None: this
-    rank's own view, for ``merged``). Cost: one pass to fill the bucket, the all-reduce, one compare
+    nothing. Then every rank's verdicts are gathered (``merge``, a store round: a few flags) and
+    OR-ed, a spread any group saw (``merge`` None: this rank's own view, for ``merged``). Cost: one pass to fill the bucket, the all-reduce, one compare
     pass per axis; no per-element index tensors."""
     axes = [axis for axis in mesh.names if mesh.size(axis) > 1]
     flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32)
@@ -183,10 +178,8 @@ def measure_replication(
                 start = offsets[j] + _HEADER
                 flags[row, j] = int(top_headers[j] != header
                                     or not torch.equal(top[start:start + words.numel()], words))
-    if world_group is not None and names:
-        merged_flags = flags.to(device)
-        dist.all_reduce(merged_flags, op=dist.ReduceOp.MAX, group=world_group)
-        flags = merged_flags.cpu()
+    if merge is not None and names:
+        flags = torch.tensor(merge(flags.tolist()), dtype=torch.int32).amax(dim=0)
     return Replication(
         {axis: {name: bool(flags[a, j]) for j, name in enumerate(names)} for a, axis in enumerate(mesh.names)}
     )

@@ -3,8 +3,8 @@
 Every rank executes the same collectives in the same order whatever the function under test does:
 
 1. build the EP-local model, dress it, inject gradients, snapshot gradients and parameters;
-2. measure ground truth (private groups): one stats all-reduce + MAX/MIN per mesh axis + one merge,
-   once per layout variant and norm type (``truth_cache``: later cases of the variant start from
+2. measure ground truth: per-rank stats through the store, one MAX per mesh axis (private groups), the
+   verdicts merged through the store, once per layout variant and norm type (``truth_cache``: later cases of the variant start from
    bit-identical gradients, which each rank verifies);
 3. call the target, guarded (``_guarded``): an exception is caught, a Python-level hang is noticed by
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
@@ -93,7 +93,7 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
 def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank learns every rank's status (through the store). A hung rank ends the run; any error
     or broken default group means a fresh generation of groups on every rank."""
-    statuses = world.allgather_json(topic, status, 2 * world.timeout_s + 60)
+    statuses = world.allgather_json(topic, status, world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
     if hung:
         raise WorldBroken(hung, "; ".join(f"rank {r}: {statuses[r]['error']}" for r in hung))
@@ -137,10 +137,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     stats, pre_rep, stale_truth = world.truth_cache.measure(
         case, pre,
-        lambda: gather_stats(names, pre, case.norm_type, world.rank, world.world_size, world.harness_world,
-                             world.device),
+        lambda: gather_stats(names, pre, case.norm_type, world.store_round("stats")),
         lambda table: measure_replication(names, pre, table, layout.mesh, groups.harness_groups,
-                                          world.harness_world, world.device))
+                                          world.store_round("replication"), world.device))
 
     default_group = dist.group.WORLD
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
@@ -164,7 +163,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     local["stale_truth"] = stale_truth
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                               "local": local}
-    records = world.gather_json("record", record, 2 * world.timeout_s + 60)
+    records = world.gather_json("record", record, world.exchange_deadline_s)
     if records is None:
         return None
     truth = variant_truth(variant, case.norm_type)

@@ -1,8 +1,8 @@
 """Ground truth measured once per layout variant within a launch, not once per case.
 
 The plan keeps every target, norm type and bound of a layout variant together, and each of those
-cases starts from the same injected gradients, so the pre-call measurement (one stats all-reduce,
-MAX/MIN per mesh axis, a merge) would repeat the same collectives on the same bits. It is reused
+cases starts from the same injected gradients, so the pre-call measurement (a stats round, a MAX
+per mesh axis, a merge) would repeat the same exchanges on the same bits. It is reused
 when this rank's freshly injected gradients are bit-identical to the ones it measured.
 
 Every rank must run the same collectives, so whether to reuse depends only on what every rank

@@ -237,6 +237,16 @@ class DistWorld:
         self.teardown()
 
     @property
+    def exchange_deadline_s(self) -> float:
+        """How long a store exchange waits for the slowest rank: past a hung target's deadline, so
+        that a hung rank's own post (from its watchdog) arrives before anyone gives up on it."""
+        return 2 * self.timeout_s + 60
+
+    def store_round(self, topic: str) -> Callable[[Any], list[Any]]:
+        """``allgather_json`` under ``topic``, as a function of the payload (``measure.AllGather``)."""
+        return functools.partial(self.allgather_json, topic, timeout_s=self.exchange_deadline_s)
+
+    @property
     def hang_deadline_s(self) -> float:
         """How long the function under test may run before its rank counts as hung: past every
         collective timeout, so a mismatched collective raises (and the world survives) first."""

@@ -1,0 +1,130 @@
+"""Ranks forked from ``clipcheck run``'s launcher instead of started as fresh interpreters.
+
+Why: a fresh rank imports torch and the harness, plans the whole matrix again (the bounds are
+ratios of every variant's constructive norm: ~2.7 s of CPU at world 8) and imports each framework
+its cases call (up to ~5 s more), all before or during its first cases. At world 8 on 2 cores the
+eight ranks pay that eight times over: a launch of 8 trivial cases took 14.6 s, of which ~12 s was
+start-up. Forked from the launcher, which has already imported, planned and preloaded the plan's
+frameworks, a rank starts with all of it in copy-on-write memory (the same launch: 2.9 s;
+``bench/overhead_bench.py`` has the default matrix's figures).
+
+torchrun's elastic agent still runs the ranks (a function entry point, ``start_method="fork"``), so
+how a rank's death, a hang or SIGTERM is handled is unchanged. What a fork would carry over from the
+launcher and a fresh process would not have, ``_like_a_fresh_rank`` undoes:
+
+* the launcher's sockets (the agent's store): a rank whose target raised shuts down every TCP
+  connection it holds (``run.release``), and would cut the agent's as well;
+* the agent's signal handlers (SIGTERM raises an exception in the agent; a rank must die of it, or
+  rank 0 record it, exactly as a fresh process does);
+* the intra-op thread count, which a fresh process reads from ``OMP_NUM_THREADS``;
+* life after the launcher: a rank dies with it (PR_SET_PDEATHSIG), so nothing is left behind.
+
+Where ranks start fresh (``fork_problem``): nccl or any machine with CUDA (a CUDA context does not
+survive a fork), no /proc to find inherited sockets, or ``--spawn-ranks``: a user target whose
+import differs per rank (it reads RANK at import time) is imported once, in the launcher, when forked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+from typing import IO, Any, Callable, Sequence
+
+import torch
+
+from harness.run.pool import die_with_parent
+from harness.spec.plan import Plan
+
+
+def fork_problem(backend: str, spawn_requested: bool) -> str | None:
+    """Why the ranks of this launch must start as fresh processes; None when they can be forked."""
+    if spawn_requested:
+        return "--spawn-ranks"
+    if backend != "gloo":
+        return f"the {backend} backend (CUDA does not survive a fork)"
+    if not sys.platform.startswith("linux") or not os.path.isdir("/proc/self/fd"):
+        return "not Linux (inherited sockets are found through /proc)"
+    if torch.cuda.is_available():
+        return "CUDA is available (a CUDA context does not survive a fork)"
+    return None
+
+
+def _close_inherited_sockets() -> None:
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
+                os.close(int(fd))
+        except OSError:  # the descriptor of the listing itself is gone by now
+            pass
+
+
+def _like_a_fresh_rank() -> None:
+    die_with_parent()
+    _close_inherited_sockets()
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
+
+def forked_rank(plan: Plan, argv: Sequence[str]) -> None:
+    """A forked rank's entry point (the elastic agent calls it with RANK, WORLD_SIZE, ... set): the
+    launcher's plan, the run of ``python -m harness`` otherwise; exits with its status."""
+    _like_a_fresh_rank()
+    from harness.commands.run import run_main
+
+    status = run_main(argv, plan=plan)
+    if status:
+        sys.exit(status)
+
+
+class ForkedProcess:
+    """``subprocess.Popen``'s face (``pid``, ``poll``, ``wait``, ``returncode``) over ``fn(*args)`` run
+    in a forked child: in a process group of its own (a signal can go to all it starts), stdout and
+    stderr to ``log``, exit status ``fn``'s return value, dying with its parent. ``clipcheck matrix``
+    runs each ``clipcheck run`` launcher this way where ranks are forked anyway, so a launch starts
+    with the matrix's imports, plans and preloaded frameworks instead of making its own."""
+
+    def __init__(self, fn: Callable[..., int], args: tuple[Any, ...], log: IO[str]) -> None:
+        sys.stdout.flush()  # what is buffered here would be written again by the child
+        sys.stderr.flush()
+        self._process = mp.get_context("fork").Process(target=_in_own_group, args=(fn, args, log.fileno()))
+        self._process.start()
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+        try:  # here as well as in the child: the group exists when start() returns, whoever runs first
+            os.setpgid(self.pid, self.pid)
+        except OSError:  # the child got there first (or already ended)
+            pass
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self._process.join()
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired("clipcheck run (forked)", timeout or 0.0)
+        self.returncode = self._process.exitcode
+        return self.returncode
+
+
+def _in_own_group(fn: Callable[..., int], args: tuple[Any, ...], log_fd: int) -> None:
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # the parent got there first
+        pass
+    die_with_parent()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the matrix's own handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.exit(fn(*args))
