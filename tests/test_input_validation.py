@@ -130,3 +130,16 @@ def test_the_warm_world_store_listens_on_loopback_only():
         pool.start()
         addresses = _listening_addresses(pool._store.port)
     assert addresses == ["0100007F"], addresses  # 127.0.0.1, and no IPv6 / wildcard listener
+
+
+def test_only_rank_0_probes_the_results_files(tmp_path):
+    """Every rank of a launch parses the same --json path, but only rank 0 writes it: ranks that probed it
+    at once (forked ranks start together) removed each other's probe file ("planning failed:
+    FileNotFoundError" on rank 1)."""
+    from harness.commands.run import build_parser, usage_problem
+
+    args = build_parser().parse_args(["--json", str(tmp_path / "missing-folder" / "results.jsonl")])
+    assert "no such directory" in (usage_problem(args, "gloo", 2, rank=0) or "")
+    assert usage_problem(args, "gloo", 2, rank=1) is None
+    fresh = build_parser().parse_args(["--json", str(tmp_path / "results.jsonl")])
+    assert usage_problem(fresh, "gloo", 2, rank=0) is None and not (tmp_path / "results.jsonl").exists()

@@ -50,7 +50,7 @@ def unwritable(path: str | None) -> str | None:
     except OSError as exc:
         return f"not writable ({exc.strerror or exc})"
     if not existed:
-        target.unlink()
+        target.unlink(missing_ok=True)
     return None
 
 

@@ -96,7 +96,7 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
     backend = args.backend or default_backend()
     error = None
     try:
-        error = usage_problem(args, backend, world_size)
+        error = usage_problem(args, backend, world_size, rank)
         if error is None and args.replay:
             from harness.commands.replay import replay_on_pool, replay_plan
 
@@ -131,7 +131,7 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
     return execute(world, plan, args, backend, rank, world_size)
 
 
-def usage_problem(args: argparse.Namespace, backend: str, world_size: int) -> str | None:
+def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank: int = 0) -> str | None:
     """Bad input the parser cannot see, as one line; None when there is none. A world this machine
     cannot run (nccl without CUDA, fewer GPUs than ranks) is bad input here: a single run was asked
     for exactly that world (the matrix and the plugin skip it instead)."""
@@ -142,6 +142,8 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int) -> st
         return "--timeout must be positive"
     if args.start_at < 0:
         return "--start-at must be 0 or more"
+    if rank != 0:  # only rank 0 writes them; probing one path from every rank at once races (a rank's
+        return None  # probe file removed under another's: seen with forked ranks, which start together)
     for flag, path in (("--json", args.json), ("--junit", args.junit)):
         problem = unwritable(path)
         if problem:
