@@ -53,11 +53,12 @@ def launch(world: int, scenarios: str | None, out: Path, spawn: bool) -> tuple[f
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT))
     start = time.perf_counter()
     arrived: list[float] = []
+    follow = _NewLines(jsonl)
     with tempfile.TemporaryFile("w+") as stderr:
         proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         while proc.poll() is None:
             time.sleep(FOLLOW_S)
-            arrived += [time.perf_counter() - start] * (_lines(jsonl) - len(arrived))
+            arrived += [time.perf_counter() - start] * follow.count()
         wall = time.perf_counter() - start
         if proc.returncode not in (0, 1):  # 1: some case failed, which is what the matrix is for
             stderr.seek(0)
@@ -71,12 +72,29 @@ def launch(world: int, scenarios: str | None, out: Path, spawn: bool) -> tuple[f
     return wall, first, cases
 
 
-def _lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except FileNotFoundError:
-        return 0
+class _NewLines:
+    """Lines appended to a file since the last look, reading only the new bytes: the benchmark shares
+    the cores with the launch it measures, so it must not re-read a file of megabytes every 0.2 s.
+    Stops counting once the file shrinks (the launcher's final rewrite): every case was seen by then."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.done = False
+
+    def count(self) -> int:
+        if self.done or not self.path.exists():
+            return 0
+        with open(self.path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < self.offset:
+                self.done = True
+                return 0
+            f.seek(self.offset)
+            new = f.read()
+        complete = new[: new.rfind(b"\n") + 1]  # a line being written is counted when it ends
+        self.offset += len(complete)
+        return complete.count(b"\n")
 
 
 def by_scenario(cases: list[dict]) -> list[tuple[str, int, float, float]]:
@@ -89,7 +107,7 @@ def by_scenario(cases: list[dict]) -> list[tuple[str, int, float, float]]:
             continue
         entry = spans.setdefault(case["scenario"], [0, 0.0, 0.0])
         entry[0] += 1
-        entry[1] += case["_arrived"] - (case["_arrived"] if previous is None else previous)
+        entry[1] += 0.0 if previous is None else case["_arrived"] - previous
         entry[2] += float(case.get("seconds") or 0.0)
         previous = case["_arrived"]
     return sorted(((name, int(n), wall, target) for name, (n, wall, target) in spans.items()), key=lambda r: -r[2])
