@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ def test_ranks_are_forked_on_cpu_gloo_only_and_never_when_asked_not_to():
 def _dispositions_after_reset(queue: mp.SimpleQueue) -> None:
     signal.signal(signal.SIGTERM, lambda *_: None)  # what the elastic agent installs in the launcher
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    listening = __import__("socket").socket()
+    listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     listening.listen()
     _like_a_fresh_rank()

@@ -141,7 +141,7 @@ def launch_flags(args: argparse.Namespace) -> list[str]:
         ["--spawn-ranks"] if args.spawn_ranks else [])
 
 
-def _run(launch: Launch, spec_path: Path, flags: list[str], interrupt: _Interrupt) -> None:
+def _run(launch: Launch, spec_path: Path, flags: list[str], forked: bool, interrupt: _Interrupt) -> None:
     argv = ["--nproc", str(launch.world_size), "--backend", launch.backend, "--matrix", str(spec_path),
             "--json", str(launch.jsonl), "--no-progress", *flags]
     print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
@@ -149,7 +149,7 @@ def _run(launch: Launch, spec_path: Path, flags: list[str], interrupt: _Interrup
     start = time.perf_counter()
     with open(launch.log, "w") as log:
         proc: subprocess.Popen | ForkedProcess
-        if _forks(launch, flags):  # the launcher starts from this process's imports and plan
+        if forked:  # the launcher starts from this process's imports and plan
             proc = ForkedProcess(launcher_main, (argv, launch.plan), log)
         else:
             proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *argv], stdout=log,
@@ -172,11 +172,6 @@ def _run(launch: Launch, spec_path: Path, flags: list[str], interrupt: _Interrup
         f"CRASHED (exit {launch.returncode})"
     print(f" {judged}/{len(launch.plan.cases)} judged, {state} in {launch.seconds:.1f} s (log {launch.log})",
           flush=True)
-
-
-def _forks(launch: Launch, flags: list[str]) -> bool:
-    """Whether the launch's launcher (and so its ranks) is forked from this process."""
-    return fork_problem(launch.backend, "--spawn-ranks" in flags) is None
 
 
 def _launch_records(launch: Launch) -> list[CaseRecord]:
@@ -219,8 +214,10 @@ def main(argv: Sequence[str]) -> int:
     spec_path.write_text(json.dumps(spec_from_args(args).to_mapping(), indent=1))
 
     flags = launch_flags(args)
+    # whether each launch's launcher (and so its ranks) is forked from this process
+    forked = {launch.tag: fork_problem(launch.backend, args.spawn_ranks) is None for launch in launches}
     for launch in launches:
-        if _forks(launch, flags):
+        if forked[launch.tag]:
             preload_frameworks(launch.plan, str(out / "preload.log"))  # once here, not in every launcher
     interrupt = _Interrupt()
     previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -228,7 +225,7 @@ def main(argv: Sequence[str]) -> int:
         for launch in launches:
             if interrupt.signum:
                 break
-            _run(launch, spec_path, flags, interrupt)
+            _run(launch, spec_path, flags, forked[launch.tag], interrupt)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

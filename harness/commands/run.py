@@ -142,8 +142,10 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
         return "--timeout must be positive"
     if args.start_at < 0:
         return "--start-at must be 0 or more"
-    if rank != 0:  # only rank 0 writes them; probing one path from every rank at once races (a rank's
-        return None  # probe file removed under another's: seen with forked ranks, which start together)
+    # only rank 0 writes the results files; probing one path from every rank at once races (a rank's
+    # probe file removed under another's: seen with forked ranks, which start together)
+    if rank != 0:
+        return None
     for flag, path in (("--json", args.json), ("--junit", args.junit)):
         problem = unwritable(path)
         if problem:

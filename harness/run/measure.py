@@ -143,8 +143,8 @@ def measure_replication(
     so one collective of the gradient's own bytes decides replication (a MIN round would double the
     traffic and say nothing more). Ranks without the gradient send the identity of MAX and judge
     nothing. Then every rank's verdicts are gathered (``merge``, a store round: a few flags) and
-    OR-ed, a spread any group saw (``merge`` None: this rank's own view, for ``merged``). Cost: one pass to fill the bucket, the all-reduce, one compare
-    pass per axis; no per-element index tensors."""
+    OR-ed, a spread any group saw (``merge`` None: this rank's own view, for ``merged``). Cost: one
+    pass to fill the bucket, the all-reduce, one compare pass per axis; no per-element index tensors."""
     axes = [axis for axis in mesh.names if mesh.size(axis) > 1]
     flags = torch.zeros(len(mesh.names), len(names), dtype=torch.int32)
     if names and axes:

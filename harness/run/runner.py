@@ -4,8 +4,8 @@ Every rank executes the same collectives in the same order whatever the function
 
 1. build the EP-local model, dress it, inject gradients, snapshot gradients and parameters;
 2. measure ground truth: per-rank stats through the store, one MAX per mesh axis (private groups), the
-   verdicts merged through the store, once per layout variant and norm type (``truth_cache``: later cases of the variant start from
-   bit-identical gradients, which each rank verifies);
+   verdicts merged through the store, once per layout variant and norm type (``truth_cache``: later
+   cases of the variant start from bit-identical gradients, which each rank verifies);
 3. call the target, guarded (``_guarded``): an exception is caught, a Python-level hang is noticed by
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
    (``dress``) gets the same guard around it, before the gradients are injected;
