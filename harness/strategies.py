@@ -40,7 +40,7 @@ from harness.spec.axes import MeshAxis
 from harness.spec.case import DeclaredPlan, Variant
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
-from harness.spec.constructive import constructive_norm
+from harness.spec.constructive import variant_truth
 from harness.spec.scenario import Scenario, ScenarioOptions
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
@@ -70,8 +70,8 @@ class DrawnScenario(Scenario):
         return []
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(k for k in range(1, n + 1) if n % k == 0)
 
 
 EXTRA_AXES = (None, MeshAxis.PP, MeshAxis.CP, MeshAxis.DP_REPLICATE)
@@ -102,8 +102,16 @@ def stage_ranks(draw: Any, mesh: MeshSpec) -> frozenset[int] | None:
     if not mesh.has(MeshAxis.PP):
         return None
     last = mesh.size(MeshAxis.PP) - 1
-    stages = draw(st.one_of(st.integers(0, last).map(lambda s: (s,)), st.just((0, last))))
+    stages = draw(st.one_of(st.integers(0, last).map(_one_stage), st.just((0, last))))
     return mesh.ranks_on(MeshAxis.PP, stages)
+
+
+def _one_stage(stage: int) -> tuple[int]:
+    return (stage,)
+
+
+_SHARD_OR_REPLICATE = {dim: st.sampled_from((Shard(dim), Replicate())) for dim in range(3)}
+"""Built once: a strategy made afresh on every draw is validated afresh on every draw."""
 
 
 @st.composite
@@ -116,7 +124,7 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
     a = fsdp * draw(st.integers(2, 3))
     b = tp * draw(st.integers(2, 3))
-    shard_or_rep = lambda dim: st.sampled_from([Shard(dim), Replicate()])  # noqa: E731
+    shard_or_rep = _SHARD_OR_REPLICATE.__getitem__
     stage = draw(stage_ranks(mesh))
     if kind == "dense":
         return param(f"dense{index}", (a, b), present_ranks=stage, fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
@@ -203,9 +211,9 @@ def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
     injection = draw(injections(layout, seed=draw(st.integers(0, 2**16)), dtensor=dtensor))
     # with a NaN or inf gradient the inf norm is where clips differ most (a float MAX may drop a NaN)
     norm_type = draw(st.sampled_from(NONFINITE_NORM_TYPES if injection.nonfinite else NORM_TYPES))
-    truth = constructive_norm(layout, injection, norm_type)
-    factor = draw(st.sampled_from(CLIP_FACTORS))
-    max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0
     variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,
                       dtensor=dtensor)
+    truth = variant_truth(variant, norm_type)  # kept on the variant: rank 0 judges with it
+    factor = draw(st.sampled_from(CLIP_FACTORS))
+    max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0
     return DrawnCase(variant, norm_type, max_norm, world_size)

@@ -11,7 +11,7 @@ from harness.spec.injection import Injection, local_grad, logical_grad
 from harness.spec.layout import Layout, LayoutError, MeshSpec, Shard, param
 from harness.run.measure import bit_words
 from harness.spec.constructive import constructive_norm
-from harness.spec.values import box_values, full_box, logical_values, magnitude
+from harness.spec.values import box_values, full_box, logical_values, magnitude, stream_key, uniform_from_indices
 import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
 from harness.scenarios.deepspeed.scenario import autoep_layout
 from harness.scenarios.xorl.scenario import adapter_layout
@@ -50,6 +50,20 @@ def test_values_depend_only_on_logical_index():
     assert not torch.equal(logical_values(7, "w", shape), logical_values(7, "v", shape))
     assert not torch.equal(logical_values(7, "w", shape), logical_values(8, "w", shape))
     assert bool((whole.abs() < 1).all()) and bool((whole != 0).all())
+
+
+def test_the_short_cut_for_indices_below_2_32_gives_the_same_bits():
+    """Replay blobs and every recorded figure depend on these exact values."""
+    for start in (0, 12345, 2**32 - 4096):
+        indices = torch.arange(start, start + 4096, dtype=torch.int64)
+        for key in (0, 1, 0xDEADBEEF, 2**32 - 1):
+            full = uniform_from_indices(key, indices)
+            short = uniform_from_indices(key, indices, below_2_32=True)
+            assert torch.equal(full.view(torch.int64), short.view(torch.int64))
+    beyond = torch.tensor([2**32, 2**33 + 5])  # where the high word counts: the full hash differs
+    assert not torch.equal(uniform_from_indices(9, beyond), uniform_from_indices(9, beyond, below_2_32=True))
+    whole = box_values(7, "w", (3, 5), full_box((3, 5)))  # takes the short cut
+    assert torch.equal(whole.flatten(), uniform_from_indices(stream_key(7, "w"), torch.arange(15)))
 
 
 def test_logical_grad_is_the_union_of_local_slices():

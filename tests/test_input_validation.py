@@ -132,6 +132,24 @@ def test_the_warm_world_store_listens_on_loopback_only():
     assert addresses == ["0100007F"], addresses  # 127.0.0.1, and no IPv6 / wildcard listener
 
 
+def test_a_closed_warm_world_leaves_no_folder_behind():
+    """Each pool made a folder for its ranks' stack dumps and never removed it: 148 of them had piled
+    up in /tmp on the development machine. Closing removes it; a pool started again makes a new one."""
+    import os
+
+    from harness.run.pool import RankPool
+
+    pool = RankPool(1, timeout_s=20)
+    with pool:
+        pool.start()
+        first = pool._stack_dir
+        assert first is not None and os.path.isdir(first)
+    assert not os.path.exists(first)
+    with pool:
+        assert pool.run(os.getpid)[0].ok and pool._stack_dir is not None and os.path.isdir(pool._stack_dir)
+    assert pool._stack_dir is None
+
+
 def test_only_rank_0_probes_the_results_files(tmp_path):
     """Every rank of a launch parses the same --json path, but only rank 0 writes it: ranks that probed it
     at once (forked ranks start together) removed each other's probe file ("planning failed:

@@ -1,7 +1,9 @@
-"""The oracle's replication measurement against a brute-force comparison of every holder's bytes,
-and the post-call replica check both ways it is answered (digests in the records, a MAX round).
+"""The oracle's replication measurement, both ways it is made (digests in the stats round on gloo,
+a MAX all-reduce of raw words per axis on nccl), against a brute-force comparison of every holder's
+bytes, and the post-call replica check both ways it is answered.
 
-``measure_replication`` decides replication with one MAX all-reduce of raw words per axis; this test
+``measure_replication`` decides replication with one MAX all-reduce of raw words per axis and
+``from_digests`` by comparing the holders' digests; this test
 gathers every rank's bytes instead and compares them pairwise, on gradients built to hit each corner
 the word packing and the MAX-only comparison have to get right: 2-byte types of odd length (a padded
 last word), 8-byte and 1-byte types, +0/-0 and NaN payloads (equal as floats, not as bits), a word
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from harness.run import replicas
-from harness.run.measure import Replication, gather_stats, measure_replication, merged
+from harness.run.measure import Replication, bits_digest, from_digests, gather_stats, measure_replication, merged
 from harness.run.pool import current_world
 from harness.spec.layout import MeshSpec
 
@@ -71,7 +73,10 @@ def _measure_on_rank() -> tuple[dict[str, dict[str, bool]], ...]:
     own_view = measure_replication(names, grads, stats, MESH, groups.harness_groups, None, world.device)
     parts = {backend: replicas.rank_part(backend, names, grads, stats, groups, world.device)
              for backend in ("gloo", "nccl")}
-    return world_view.distinct, own_view.distinct, _brute_force(names, grads), parts
+    with_digests = gather_stats(names, grads, 2.0, world.store_round("digests"), digests=True)
+    assert with_digests.digests is not None and stats.digests is None
+    by_digests = from_digests(names, with_digests.digests, MESH)
+    return world_view.distinct, own_view.distinct, _brute_force(names, grads), parts, by_digests.distinct
 
 
 def test_replication_matches_a_byte_by_byte_comparison(world4):
@@ -82,8 +87,9 @@ def test_replication_matches_a_byte_by_byte_comparison(world4):
     assert expected["b"]["nan_payload_by_b"] and expected["a"]["signed_zero_by_a"]
     assert not expected["a"]["absent_where_b1"] and not expected["b"]["absent_where_b1"]
     for r in results:
-        world_view, _, brute, _ = r.value
+        world_view, _, brute, _, by_digests = r.value
         assert world_view == brute, f"rank {r.rank}"
+        assert by_digests == brute, f"rank {r.rank}"  # every rank decides alone, from the one table
     assert merged([Replication(r.value[1]) for r in results]).distinct == expected
 
 
@@ -104,15 +110,15 @@ def test_a_digest_sees_every_bit_and_the_length():
     same = base.clone()
     other_nan = base.view(torch.int32).clone()
     other_nan[1] |= 1
-    assert replicas.bits_digest(base) == replicas.bits_digest(same)
+    assert bits_digest(base) == bits_digest(same)
     # the criterion of the MAX round: element count, element size, bytes (an int32 view of the same
     # words is the same gradient to it; a sanitized post-call gradient keeps its dtype anyway)
-    assert replicas.bits_digest(base.view(torch.int32)) == replicas.bits_digest(base)
+    assert bits_digest(base.view(torch.int32)) == bits_digest(base)
     variants = [base, other_nan.view(torch.float32), torch.tensor([1.0, math.nan, 0.0]), torch.tensor([1.0, math.nan]),
                 base.to(torch.float64), torch.zeros(0), torch.zeros(0, dtype=torch.float64)]
-    assert len({replicas.bits_digest(v) for v in variants}) == len(variants)
+    assert len({bits_digest(v) for v in variants}) == len(variants)
     strided = torch.arange(12.0).view(3, 4).t()
-    assert replicas.bits_digest(strided) == replicas.bits_digest(strided.contiguous())
+    assert bits_digest(strided) == bits_digest(strided.contiguous())
 
 
 def test_a_digest_needs_no_numpy():
@@ -120,8 +126,8 @@ def test_a_digest_needs_no_numpy():
     check of CI, where the first digest raised 'Numpy is not available')."""
     code = ("import sys; sys.modules['numpy'] = None\n"
             "import torch\n"
-            "from harness.run.replicas import bits_digest\n"
+            "from harness.run.measure import bits_digest\n"
             "print(bits_digest(torch.arange(7, dtype=torch.bfloat16)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == replicas.bits_digest(torch.arange(7, dtype=torch.bfloat16))
+    assert out.stdout.strip() == bits_digest(torch.arange(7, dtype=torch.bfloat16))

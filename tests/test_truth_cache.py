@@ -16,10 +16,11 @@ def _cases():
 
 def test_one_measurement_per_variant_and_norm_type_and_stale_gradients_are_flagged():
     cases = _cases()
-    calls = {"stats": 0, "replication": 0}
+    calls = {"stats": 0, "replication": 0, "for replication": 0}
 
-    def stats():
+    def stats(for_replication):
         calls["stats"] += 1
+        calls["for replication"] += for_replication
         return "stats"
 
     def replication(_):
@@ -34,6 +35,7 @@ def test_one_measurement_per_variant_and_norm_type_and_stale_gradients_are_flagg
         _, _, stale = cache.measure(case, {"w": grads["w"].clone(), "b": None}, stats, replication)
         assert not stale  # NaN payloads compare by bits, so a NaN gradient is not "different"
     assert calls["replication"] == len(variants) and calls["stats"] == len(variants) * len(norms)
+    assert calls["for replication"] == len(variants)  # the digests are taken once per variant
     assert len(cases) > calls["stats"]  # two targets x two bounds share each measurement
     _, _, stale = cache.measure(cases[-1], {"w": torch.tensor([1.0, 2.0]), "b": None}, stats, replication)
     assert stale

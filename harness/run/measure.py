@@ -1,20 +1,32 @@
 """The measured ground truth, per rank: what the raw bits say is replicated where.
 
-For every parameter and every mesh axis, a MAX all-reduce of the gradient's raw bits (viewed as
-int32 words) over that axis's groups, and each holder's comparison of its own words with that
-maximum: no holder differing from the maximum (MAX = MIN) means the gradient is replicated along the
-axis and must be counted once there. Nothing declared is trusted: only the bits. All parameters
-share one bucket per axis, so a case costs one collective per mesh axis (plus two store rounds of a
-few numbers: per-rank statistics and the per-group verdicts), not one per parameter, and moves
-each gradient's bytes once per axis (``bench/oracle_bench.py`` measures it at 100M elements).
-Integer views matter: float MAX merges +0/-0 and drops NaN depending on rank order.
+Nothing declared is trusted: only the bits. A gradient is replicated along a mesh axis when, in
+every group of that axis, every rank holding it holds the same element count, element size and
+bytes. Two ways of asking, with that one criterion:
 
-The norm these measurements imply, and its cross-check with the constructive truth, are pure
-functions on the results: ``harness.judge.truth``.
+* ``digests`` (gloo): each rank's SHA-256 of every gradient's bytes (128 bits kept) travels in the
+  statistics round every case makes anyway, and every rank compares the digests of each group's
+  holders itself: no collective and no merge round. On CPU worlds a small gloo all-reduce costs
+  2-10 ms at worlds 2-8 on 2 cores and a store round 0.3-0.8 ms (``bench/exchange_bench.py``), while
+  hashing reads ~1.8 GB/s, faster than gloo moves the same bytes (``bench/oracle_bench.py``).
+  Different digests prove different bits; equal digests of different bits would take a collision.
+* ``collectives`` (nccl): per mesh axis, a MAX all-reduce of the gradients' raw words (viewed as
+  int32) over that axis's groups, and each holder's comparison of its own words with that maximum:
+  no holder differing from the maximum (MAX = MIN) means replicated. The bytes stay on the device,
+  where hashing would first copy every gradient to the host. All parameters share one bucket per
+  axis, so a case costs one collective per mesh axis plus a store round merging the verdicts.
+  Integer views matter: float MAX merges +0/-0 and drops NaN depending on rank order.
+
+Either way the cost is linear in gradient bytes (``bench/oracle_bench.py`` measures both at 100M
+elements). The norm these measurements imply, and its cross-check with the constructive truth, are
+pure functions on the results: ``harness.judge.truth``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -34,12 +46,14 @@ class StatsTable:
 
     ``numel`` is -1 where a rank has no gradient for the parameter (absent or ``None``).
     ``pow_sum`` is sum |g|^p (max |g| for the inf norm) of the rank's local gradient.
+    ``digests``: each rank's ``bits_digest`` per parameter (None where absent), when asked for.
     """
 
     names: list[str]
     numel: list[list[int]]
     itemsize: list[list[int]]
     pow_sum: list[list[float]]
+    digests: list[dict[str, str | None]] | None = None
 
     @property
     def world_size(self) -> int:
@@ -114,10 +128,13 @@ def gather_stats(
     grads: Mapping[str, torch.Tensor | None],
     norm_type: float,
     allgather: AllGather,
+    digests: bool = False,
 ) -> StatsTable:
     """Each rank's [numel, itemsize, pow_sum] per parameter (numel -1 where it has no gradient),
-    all-gathered: the table every rank then holds alike."""
-    row = [[-1, 0, 0.0] if g is None else [g.numel(), g.element_size(), pow_sum(g, norm_type)]
+    all-gathered: the table every rank then holds alike. ``digests``: each gradient's
+    ``bits_digest`` rides along, for ``from_digests`` (the replication without a collective)."""
+    row = [[-1, 0, 0.0, None] if g is None else
+           [g.numel(), g.element_size(), pow_sum(g, norm_type), bits_digest(g) if digests else None]
            for g in (grads.get(name) for name in names)]
     rows = allgather(row)
     return StatsTable(
@@ -125,7 +142,61 @@ def gather_stats(
         numel=[[int(entry[0]) for entry in r] for r in rows],
         itemsize=[[int(entry[1]) for entry in r] for r in rows],
         pow_sum=[[float(entry[2]) for entry in r] for r in rows],
+        digests=[{name: entry[3] for name, entry in zip(names, r)} for r in rows] if digests else None,
     )
+
+
+def uses_digests(backend: str) -> bool:
+    """Whether this backend's ranks compare digests (CPU worlds) or run MAX collectives (GPUs)."""
+    return backend == "gloo"
+
+
+def digests_for_truth(backend: str, mesh: MeshSpec) -> bool:
+    """Whether the pre-call stats round carries digests: on gloo, where some mesh axis has two ranks
+    or more (a one-rank world has nothing to compare, so nothing is hashed)."""
+    return uses_digests(backend) and mesh.world_size > 1
+
+
+def pre_call_replication(names: Sequence[str], grads: Mapping[str, torch.Tensor | None], stats: StatsTable,
+                         mesh: MeshSpec, axis_groups: Callable[[], Mapping[str, dist.ProcessGroup]],
+                         merge: AllGather, device: torch.device) -> Replication:
+    """The measured replication from the pre-call table: from its digests where it carries them
+    (``digests_for_truth``), else the MAX round on the private groups (built only then)."""
+    if stats.digests is not None:
+        return from_digests(names, stats.digests, mesh)
+    return measure_replication(names, grads, stats, mesh, axis_groups(), merge, device)
+
+
+_DIGEST_HEX = 32  # 128 bits of SHA-256
+
+
+def bits_digest(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's element count, element size and raw bytes (hex, 128 bits): equal for two
+    gradients exactly when ``measure_replication`` would call them identical (up to a collision)."""
+    flat = t.detach().cpu().contiguous().view(-1)
+    h = hashlib.sha256(struct.pack("<qq", flat.numel(), flat.element_size()))
+    if flat.numel():
+        h.update(_bytes_view(flat))
+    return h.hexdigest()[:_DIGEST_HEX]
+
+
+def _bytes_view(flat: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, read where they lie (no copy). Through ctypes, because
+    numpy is not a dependency of clipcheck (a plain ``pip install`` with torch alone has none), and
+    torch hands out no buffer of its own; ``flat`` outlives the view in the caller."""
+    nbytes = flat.numel() * flat.element_size()
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())).cast("B")
+
+
+def from_digests(names: Sequence[str], digests: Sequence[Mapping[str, str | None]], mesh: MeshSpec) -> Replication:
+    """A gradient is distinct along an axis when the holders of some group of it hold different digests
+    (ranks without it say nothing, as in ``measure_replication``)."""
+    distinct = {}
+    for axis in mesh.names:
+        groups = mesh.groups(axis)
+        distinct[axis] = {name: any(len({digests[r][name] for r in group} - {None}) > 1 for group in groups)
+                          for name in names}
+    return Replication(distinct)
 
 
 def measure_replication(

@@ -30,6 +30,7 @@ import datetime
 import faulthandler
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -38,6 +39,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, cast
 
 import torch.distributed as dist
@@ -69,6 +71,12 @@ class RankResult:
 class PoolBroken(RuntimeError):
     """The pool could not be started (a rank failed to join in time)."""
 
+
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo",
+                      "harness.run.pool", "harness.run.on_pool", "harness.scenarios")
+"""Imported once by the fork server every rank is forked from: what the first task would otherwise
+import in every rank (the first DTensor imports torch._dynamo: ~1.7 s of CPU per rank; the registry
+imports every scenario module). Import errors are ignored there (the rank imports what it needs)."""
 
 PEER_GRACE_S = 2.0
 """After a rank dies or reports a hang, how long the others get to answer before they are taken to
@@ -166,7 +174,7 @@ class RankPool:
         self._procs: list[mp.process.BaseProcess] = []
         self._conns: list[Connection] = []
         self._store: dist.TCPStore | None = None
-        self._stack_dir = tempfile.mkdtemp(prefix="clipcheck-stacks-")
+        self._stack_dir: str | None = None  # where a silent rank dumps its stack; made by start()
         self._needs_regenerate = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -176,10 +184,12 @@ class RankPool:
 
     def start(self) -> None:
         self.kill()
+        if self._stack_dir is None:
+            self._stack_dir = tempfile.mkdtemp(prefix="clipcheck-stacks-")
         self._store = loopback_store(self.world_size + 1, max(self.timeout_s * 4, 120))
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
-            ctx.set_forkserver_preload(["torch", "torch.distributed", "harness.run.pool"])
+            ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(  # type: ignore[attr-defined]  # typeshed: get_context(str) -> BaseContext
@@ -211,6 +221,9 @@ class RankPool:
         for proc in self._procs:
             proc.join(timeout=10)
         self.kill()
+        if self._stack_dir is not None:  # a pool closed between test sessions must not leave it behind
+            shutil.rmtree(self._stack_dir, ignore_errors=True)
+            self._stack_dir = None
 
     def kill(self) -> None:
         for proc in self._procs:
@@ -237,8 +250,9 @@ class RankPool:
             self.start()
         elif self._needs_regenerate:
             self._regenerate()
+        message = ForkingPickler.dumps(("call", fn, args, kwargs, list(sys.path)))  # once, not once per rank
         for conn in self._conns:
-            conn.send(("call", fn, args, kwargs, list(sys.path)))
+            conn.send_bytes(message)
         results = self._collect(timeout_s if timeout_s is not None else 2 * self.timeout_s + 30)
         if any(r.status in ("hung", "died", "collateral") for r in results):
             self.kill()
@@ -290,6 +304,7 @@ class RankPool:
     def _stack_of(self, rank: int, timeout_s: float) -> str:
         """Ask a silent rank for its Python stack, so a hang is reported with where it hangs."""
         proc = self._procs[rank]
+        assert self._stack_dir is not None  # a started pool has one
         path = os.path.join(self._stack_dir, f"rank{rank}.stack")
         if proc.is_alive() and proc.pid is not None:
             os.kill(proc.pid, signal.SIGUSR1)

@@ -3,8 +3,9 @@
 Every rank executes the same collectives in the same order whatever the function under test does:
 
 1. build the EP-local model, dress it, inject gradients, snapshot gradients and parameters;
-2. measure ground truth: per-rank stats through the store, one MAX per mesh axis (private groups), the
-   verdicts merged through the store, once per layout variant and norm type (``truth_cache``: later
+2. measure ground truth: per-rank stats through the store, with each gradient's digest on gloo (every
+   rank compares the holders' digests itself) or, on nccl, one MAX per mesh axis (private groups) and
+   the verdicts merged through the store; once per layout variant and norm type (``truth_cache``: later
    cases of the variant start from bit-identical gradients, which each rank verifies);
 3. call the target, guarded (``_guarded``): an exception is caught, a Python-level hang is noticed by
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
@@ -37,7 +38,7 @@ from harness.run.devices import settle
 from harness.run.effects import rank_effects, snapshot_params
 from harness.spec.model import local_grads
 from harness.run import replicas
-from harness.run.measure import gather_stats, measure_replication
+from harness.run.measure import digests_for_truth, gather_stats, pre_call_replication
 from harness.judge.truth import measured_norm
 from harness.spec.constructive import variant_truth
 from harness.spec.scenario import Scenario
@@ -135,11 +136,13 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
     params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
 
+    digests = digests_for_truth(world.backend, layout.mesh)
     stats, pre_rep, stale_truth = world.truth_cache.measure(
         case, pre,
-        lambda: gather_stats(names, pre, case.norm_type, world.store_round("stats")),
-        lambda table: measure_replication(names, pre, table, layout.mesh, groups.harness_groups,
-                                          world.store_round("replication"), world.device))
+        lambda for_replication: gather_stats(names, pre, case.norm_type, world.store_round("stats"),
+                                             digests=digests and for_replication),
+        lambda table: pre_call_replication(names, pre, table, layout.mesh, lambda: groups.harness_groups,
+                                           world.store_round("replication"), world.device))
 
     default_group = dist.group.WORLD
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))

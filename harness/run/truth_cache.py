@@ -2,7 +2,7 @@
 
 The plan keeps every target, norm type and bound of a layout variant together, and each of those
 cases starts from the same injected gradients, so the pre-call measurement (a stats round, a MAX
-per mesh axis, a merge) would repeat the same exchanges on the same bits. It is reused
+and the replication: digests on gloo, a MAX per mesh axis and a merge on nccl) would repeat the same exchanges on the same bits. It is reused
 when this rank's freshly injected gradients are bit-identical to the ones it measured.
 
 Every rank must run the same collectives, so whether to reuse depends only on what every rank
@@ -61,20 +61,21 @@ class TruthCache:
     def __init__(self) -> None:
         self._last: _Measured | None = None
 
-    def measure(self, case: CaseSpec, pre: Grads, measure_stats: Callable[[], StatsTable],
+    def measure(self, case: CaseSpec, pre: Grads, measure_stats: Callable[[bool], StatsTable],
                 measure_replication: Callable[[StatsTable], Replication]) -> tuple[StatsTable, Replication, bool]:
         """(stats, replication, stale): measured now, or reused for the same variant; ``stale`` when
-        this rank's gradients are not the ones that were measured."""
+        this rank's gradients are not the ones that were measured. ``measure_stats(True)``: the table
+        the replication is then measured from (on gloo it carries the digests); False: stats only."""
         key = variant_key(case)
         last = self._last
         if last is None or last.key != key:
-            stats = measure_stats()
+            stats = measure_stats(True)
             replication = measure_replication(stats)
             self._last = _Measured(key, {n: g.clone() if g is not None else None for n, g in pre.items()},
                                    replication, {case.norm_type: stats})
             return stats, replication, False
         if case.norm_type not in last.stats:
-            last.stats[case.norm_type] = measure_stats()
+            last.stats[case.norm_type] = measure_stats(False)
         return last.stats[case.norm_type], last.replication, not same_bits(pre, last.grads)
 
     def clear(self) -> None:

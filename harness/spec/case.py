@@ -7,7 +7,7 @@ the same list in the same order (the precondition for matching collectives).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
 from harness.spec.injection import Injection
@@ -33,6 +33,11 @@ class Variant:
     check). ``info`` is what a framework's scenario tells that framework's adapter about this
     layout (how to wrap the model, which marks or meshes to use): a typed object defined in the
     framework's own folder, read back with ``info_as`` (never shared string keys).
+
+    ``truths``: the constructive norm by norm type, filled by ``constructive.variant_truth`` as it is
+    first asked for; not an argument (``dataclasses.replace`` starts a changed variant empty), not
+    compared, and pickled with the variant, so the ranks of a warm world get what the fuzzer's
+    process computed to draw the bound instead of hashing every logical element again.
     """
 
     label: str
@@ -43,6 +48,7 @@ class Variant:
     dtensor: bool = False
     ep_size: int | None = None
     info: Any = None
+    truths: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def info_as(self, kind: type[Info]) -> Info:
         """This variant's ``info``, checked to be the adapter's expected type (a clear error when a

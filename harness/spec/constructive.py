@@ -6,10 +6,8 @@ truth) share it.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any
-
 from harness.clipmath import combine, pow_sum, root
+from harness.spec.case import Variant
 from harness.spec.injection import Injection, logical_grad
 from harness.spec.layout import Layout
 
@@ -22,23 +20,12 @@ def constructive_norm(layout: Layout, injection: Injection, norm_type: float) ->
     return root(total, norm_type)
 
 
-_TRUTHS: "OrderedDict[int, tuple[Any, dict[float, float]]]" = OrderedDict()
-_TRUTHS_KEPT = 64
-
-
-def variant_truth(variant: Any, norm_type: float) -> float:
-    """``constructive_norm`` of a variant, computed once per (variant, norm type): planning needs it
-    for every target and bound of the variant (the clip ratios scale it) and rank 0 again to judge,
-    and hashing every logical element each time made planning a third of a launch's CPU at world 8.
-    Keyed by the variant object (kept alive while cached, so its id cannot be reused)."""
-    entry = _TRUTHS.get(id(variant))
-    if entry is None or entry[0] is not variant:
-        entry = (variant, {})
-        _TRUTHS[id(variant)] = entry
-        while len(_TRUTHS) > _TRUTHS_KEPT:
-            _TRUTHS.popitem(last=False)
-    _TRUTHS.move_to_end(id(variant))
-    norms = entry[1]
-    if norm_type not in norms:
-        norms[norm_type] = constructive_norm(variant.layout, variant.injection, norm_type)
-    return norms[norm_type]
+def variant_truth(variant: Variant, norm_type: float) -> float:
+    """``constructive_norm`` of a variant, computed once per (variant, norm type) and kept on the
+    variant (``Variant.truths``): planning needs it for every target and bound of the variant (the
+    clip ratios scale it), the fuzzer to draw a bound, and rank 0 again to judge; hashing every
+    logical element each time made planning a third of a launch's CPU at world 8."""
+    truths = variant.truths
+    if norm_type not in truths:
+        truths[norm_type] = constructive_norm(variant.layout, variant.injection, norm_type)
+    return truths[norm_type]
