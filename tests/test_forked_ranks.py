@@ -36,13 +36,12 @@ def _dispositions_after_reset(queue: mp.SimpleQueue) -> None:
     listening.bind(("127.0.0.1", 0))
     listening.listen()
     _like_a_fresh_rank()
-    try:
-        os.fstat(listening.fileno())
-        inherited_socket_open = True
-    except OSError:
-        inherited_socket_open = False
+    inherited = listening.fileno()
+    still_a_socket = os.readlink(f"/proc/self/fd/{inherited}").startswith("socket:[")
+    # the number stays taken (its owner, copied from the launcher, may close it once more later)
+    number_reused = any(socket.socket().fileno() == inherited for _ in range(8))
     queue.put((signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
-               signal.getsignal(signal.SIGINT) is signal.default_int_handler, inherited_socket_open))
+               signal.getsignal(signal.SIGINT) is signal.default_int_handler, still_a_socket, number_reused))
 
 
 def test_a_forked_rank_drops_the_launchers_signal_handlers_and_sockets():
@@ -52,7 +51,7 @@ def test_a_forked_rank_drops_the_launchers_signal_handlers_and_sockets():
     child.start()
     child.join(30)
     assert child.exitcode == 0
-    assert queue.get() == (True, True, False)
+    assert queue.get() == (True, True, False, False)
 
 
 @pytest.mark.distributed
@@ -60,7 +59,7 @@ def test_forked_and_fresh_ranks_give_the_same_verdicts_and_a_raising_rank_leaves
     """A rank whose target raised abandons its groups by shutting down its TCP connections. Forked with
     the launcher's sockets still open, such a rank once cut the agent's own store connection (seen at
     world 8 on torchtitan_ep: "TCPStore sendBytes failed ... Broken pipe", every later case lost); the
-    test above pins that the sockets are closed, this one that the verdicts through raising targets are
+    test above pins that the sockets are detached, this one that the verdicts through raising targets are
     a fresh rank's."""
     args = [*ONE_CASE, "--variant", "replicated", "--target",
             f"{BROKEN}:raise_on_rank1,reference,{BROKEN}:raise_everywhere,reference", "--timeout", "10"]

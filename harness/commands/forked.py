@@ -13,7 +13,8 @@ how a rank's death, a hang or SIGTERM is handled is unchanged. What a fork would
 launcher and a fresh process would not have, ``_like_a_fresh_rank`` undoes:
 
 * the launcher's sockets (the agent's store): a rank whose target raised shuts down every TCP
-  connection it holds (``run.release``), and would cut the agent's as well;
+  connection it holds (``run.release``), and would cut the agent's as well; they are detached,
+  their descriptor numbers kept out of reuse (``_detach_inherited_sockets``);
 * the agent's signal handlers (SIGTERM raises an exception in the agent; a rank must die of it, or
   rank 0 record it, exactly as a fresh process does);
 * the intra-op thread count, which a fresh process reads from ``OMP_NUM_THREADS``;
@@ -52,18 +53,28 @@ def fork_problem(backend: str, spawn_requested: bool) -> str | None:
     return None
 
 
-def _close_inherited_sockets() -> None:
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
-                os.close(int(fd))
-        except OSError:  # the descriptor of the listing itself is gone by now
-            pass
+def _detach_inherited_sockets() -> None:
+    """Point every inherited socket descriptor at /dev/null instead of closing it: the launcher's
+    objects that own those numbers (the agent's store, its sockets) were copied into this process
+    too, and one that is freed here would close its number again; had the number been freed, it
+    could by then belong to one of this rank's gloo sockets or event loops (a gloo transport abort,
+    ``loop.cc ... nfds != -1``, was seen once at world 8). Held by /dev/null, the number is never
+    reused, and the rank holds no reference to the launcher's connections for ``run.release`` to cut."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if int(fd) != null and os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
+                    os.dup2(null, int(fd))
+            except OSError:  # the descriptor of the listing itself is gone by now
+                pass
+    finally:
+        os.close(null)
 
 
 def _like_a_fresh_rank() -> None:
     die_with_parent()
-    _close_inherited_sockets()
+    _detach_inherited_sockets()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
