@@ -54,15 +54,20 @@ def launch(world: int, scenarios: str | None, out: Path, spawn: bool) -> tuple[f
     start = time.perf_counter()
     arrived: list[float] = []
     follow = _NewLines(jsonl)
-    with tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    # the launch's output is kept beside its results: a crash is diagnosed from its first traceback,
+    # not from the last lines (the launcher stopping the other ranks)
+    with open(out / f"world{world}.log", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=out, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
         while proc.poll() is None:
             time.sleep(FOLLOW_S)
             arrived += [time.perf_counter() - start] * follow.count()
         wall = time.perf_counter() - start
         if proc.returncode not in (0, 1):  # 1: some case failed, which is what the matrix is for
-            stderr.seek(0)
-            sys.exit(f"overhead_bench: world {world} exited {proc.returncode}:\n{stderr.read()[-2000:]}")
+            log.seek(0)
+            lines = log.read().splitlines()
+            first = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), max(len(lines) - 40, 0))
+            sys.exit(f"overhead_bench: world {world} exited {proc.returncode} (output: {log.name}, gone without --keep); "
+                     "from its first traceback:\n" + "\n".join(lines[first:first + 60]))
     # the launcher rewrites the file at the end, case records first, in the order they were written
     records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     cases = [r for r in records if r.get("type") == "case"]
@@ -118,7 +123,7 @@ def main() -> int:
     p.add_argument("--worlds", default="1,2,4,8")
     p.add_argument("--scenario", default=None, help="scenario name(s), comma separated (default: the matrix's)")
     p.add_argument("--keep", metavar="DIR", default=None,
-                   help="keep each world's JSON Lines in DIR (to compare verdicts between versions)")
+                   help="keep each world's JSON Lines and output in DIR (to compare verdicts between versions)")
     p.add_argument("--spawn-ranks", action="store_true",
                    help="ranks as fresh interpreters (as torchrun starts them), not forked from the launcher")
     p.add_argument("--by-scenario", action="store_true",

@@ -168,19 +168,19 @@ def _slices_away_from_rank_zero(layout: Layout, name: str) -> list[int]:
 
 
 @st.composite
-def nonfinite_elements(draw: Any, layout: Layout, names: list[str]) -> tuple[str, int]:
+def nonfinite_elements(draw: Any, layout: Layout, names: tuple[str, ...]) -> tuple[str, int]:
     """A parameter and the flat logical index of a non-finite element in the slice of a drawn rank.
 
     Where the element sits decides what a float MAX keeps (gloo's keeps a NaN only where rank 0
     holds it), so half the draws pick a slice rank 0 does not hold, when there is one. The rank is
     drawn last rank first (hypothesis shrinks towards the first choice, so a minimal case keeps its
     element away from rank 0), then an element inside that rank's slice; its replicas carry it too."""
-    away_names = [n for n in names if _slices_away_from_rank_zero(layout, n)]
+    away_names = tuple(n for n in names if _slices_away_from_rank_zero(layout, n))
     name = draw(st.one_of(st.sampled_from(away_names), st.sampled_from(names)) if away_names
                 else st.sampled_from(names))
     spec = layout.param(name)
-    holders = [r for r in range(layout.mesh.world_size) if layout.local_box(spec, r) is not None]
-    away = _slices_away_from_rank_zero(layout, name)
+    holders = tuple(r for r in range(layout.mesh.world_size) if layout.local_box(spec, r) is not None)
+    away = tuple(_slices_away_from_rank_zero(layout, name))
     ranks = st.sampled_from(holders[::-1])
     box = layout.local_box(spec, draw(st.one_of(st.sampled_from(away[::-1]), ranks) if away else ranks))
     assert box is not None
@@ -190,7 +190,7 @@ def nonfinite_elements(draw: Any, layout: Layout, names: list[str]) -> tuple[str
 
 @st.composite
 def injections(draw: Any, layout: Layout, seed: int = 0, dtensor: bool = False) -> Injection:
-    names = [s.name for s in layout.trainable]
+    names = tuple(s.name for s in layout.trainable)  # tuples: hypothesis reuses the strategies built on them
     none_on = {}
     for name in draw(st.lists(st.sampled_from(names), max_size=0 if dtensor else 2, unique=True)):
         none_on[name] = frozenset({draw(st.integers(0, layout.mesh.world_size - 1))})
@@ -198,7 +198,7 @@ def injections(draw: Any, layout: Layout, seed: int = 0, dtensor: bool = False) 
     nonfinite = []
     if draw(st.booleans()):  # often: where a NaN sits decides whether a float MAX drops it
         name, flat = draw(nonfinite_elements(layout, names))
-        nonfinite.append((name, flat, draw(st.sampled_from(["nan", "nan", "inf", "-inf"]))))
+        nonfinite.append((name, flat, draw(st.sampled_from(("nan", "nan", "inf", "-inf")))))
     return Injection(seed=seed, dtype=draw(st.sampled_from(DTYPES)), zero=frozenset(zero),
                      none_on=tuple(none_on.items()), nonfinite=tuple(nonfinite))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Sequence
 
 from harness.commands.options import unwritable
@@ -62,6 +63,10 @@ def main(argv: Sequence[str]) -> int:
     records = open(args.json, "w", encoding="utf-8") if args.json else None
     try:
         with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
+            started = time.perf_counter()
+            pool.start()  # apart from the examples: their rate is what a longer search gets
+            print(f"clipcheck fuzz: a world of {args.world} rank(s) started in {time.perf_counter() - started:.1f} s",
+                  flush=True)
             for t in targets:
                 report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
                 if not report.passed:
