@@ -124,19 +124,19 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
     a = fsdp * draw(st.integers(2, 3))
     b = tp * draw(st.integers(2, 3))
-    shard_or_rep = _SHARD_OR_REPLICATE.__getitem__
     stage = draw(stage_ranks(mesh))
+    shard_or_rep = _SHARD_OR_REPLICATE
     if kind == "dense":
-        return param(f"dense{index}", (a, b), present_ranks=stage, fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
+        return param(f"dense{index}", (a, b), present_ranks=stage, fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
     if kind == "experts":
-        return param(f"experts{index}", (experts, a, b), present_ranks=stage, ep=Shard(0), fsdp=draw(shard_or_rep(1)),
-                     tp=draw(shard_or_rep(2)))
+        return param(f"experts{index}", (experts, a, b), present_ranks=stage, ep=Shard(0), fsdp=draw(shard_or_rep[1]),
+                     tp=draw(shard_or_rep[2]))
     if kind == "shared_lora":
-        return param(f"lora_shared{index}", (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep(1)))
+        return param(f"lora_shared{index}", (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
     home = owner if owner is not None else draw(st.integers(0, ep - 1))
     owners = mesh.ranks_where(ep=home)
     return param(f"expert_module{index}", (a, b), present_ranks=owners if stage is None else owners & stage,
-                 fsdp=draw(shard_or_rep(0)), tp=draw(shard_or_rep(1)))
+                 fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
 
 
 @st.composite
