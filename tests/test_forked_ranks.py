@@ -35,13 +35,17 @@ def _dispositions_after_reset(queue: mp.SimpleQueue) -> None:
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     listening.listen()
+    journal, _ = socket.socketpair()  # a launcher whose output goes to a socket (journald's way)
+    os.dup2(journal.fileno(), 2)
     _like_a_fresh_rank()
     inherited = listening.fileno()
     still_a_socket = os.readlink(f"/proc/self/fd/{inherited}").startswith("socket:[")
     # the number stays taken (its owner, copied from the launcher, may close it once more later)
     number_reused = any(socket.socket().fileno() == inherited for _ in range(8))
+    output_kept = os.readlink("/proc/self/fd/2").startswith("socket:[")
     queue.put((signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
-               signal.getsignal(signal.SIGINT) is signal.default_int_handler, still_a_socket, number_reused))
+               signal.getsignal(signal.SIGINT) is signal.default_int_handler, still_a_socket, number_reused,
+               output_kept))
 
 
 def test_a_forked_rank_drops_the_launchers_signal_handlers_and_sockets():
@@ -51,7 +55,7 @@ def test_a_forked_rank_drops_the_launchers_signal_handlers_and_sockets():
     child.start()
     child.join(30)
     assert child.exitcode == 0
-    assert queue.get() == (True, True, False, False)
+    assert queue.get() == (True, True, False, False, True)
 
 
 @pytest.mark.distributed

@@ -59,12 +59,13 @@ def _detach_inherited_sockets() -> None:
     too, and one that is freed here would close its number again; had the number been freed, it
     could by then belong to one of this rank's gloo sockets or event loops (a gloo transport abort,
     ``loop.cc ... nfds != -1``, was seen once at world 8). Held by /dev/null, the number is never
-    reused, and the rank holds no reference to the launcher's connections for ``run.release`` to cut."""
+    reused, and the rank holds no reference to the launcher's connections for ``run.release`` to cut.
+    Standard input and output stay as they are, sockets or not: they are the rank's, shared on purpose."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
         for fd in os.listdir("/proc/self/fd"):
             try:
-                if int(fd) != null and os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
+                if int(fd) > 2 and int(fd) != null and os.readlink(f"/proc/self/fd/{fd}").startswith("socket:["):
                     os.dup2(null, int(fd))
             except OSError:  # the descriptor of the listing itself is gone by now
                 pass

@@ -39,7 +39,6 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, cast
 
 import torch.distributed as dist
@@ -250,9 +249,8 @@ class RankPool:
             self.start()
         elif self._needs_regenerate:
             self._regenerate()
-        message = ForkingPickler.dumps(("call", fn, args, kwargs, list(sys.path)))  # once, not once per rank
-        for conn in self._conns:
-            conn.send_bytes(message)
+        for conn in self._conns:  # pickled for each rank: a CPU tensor travels as a handle only one can claim
+            conn.send(("call", fn, args, kwargs, list(sys.path)))
         results = self._collect(timeout_s if timeout_s is not None else 2 * self.timeout_s + 30)
         if any(r.status in ("hung", "died", "collateral") for r in results):
             self.kill()
