@@ -21,9 +21,9 @@ slowest rank's median of ``--repeats``:
   ``digests`` (each rank's SHA-256 of every gradient, what gloo worlds use) and ``MAX round``
   (one MAX all-reduce per axis, what nccl worlds use); reported, not part of the goal.
 
-The goal, on both backends' paths: truth <= 3x (read pass + all-reduce), i.e. at most three passes' worth of work over the
-bytes, computing and communicating; at world 1 there is nothing to communicate and the yardstick is
-the read pass alone.
+The goal, on both backends' paths: truth <= 3x (read pass + all-reduce), i.e. at most three passes'
+worth of work over the bytes, computing and communicating; at world 1 there is nothing to communicate
+and the yardstick is the read pass alone.
 """
 
 from __future__ import annotations

@@ -160,11 +160,12 @@ def layouts(draw: Any, world_size: int, dtensor: bool = False) -> tuple[Layout, 
     return layout, declared
 
 
-def _slices_away_from_rank_zero(layout: Layout, name: str) -> list[int]:
+def _slices_away_from_rank_zero(layout: Layout, name: str) -> tuple[int, ...]:
     """Ranks whose slice of ``name`` rank 0 does not hold (where a float MAX can drop a NaN)."""
     spec = layout.param(name)
     zero = layout.local_box(spec, 0)
-    return [r for r in range(layout.mesh.world_size) if (box := layout.local_box(spec, r)) is not None and box != zero]
+    return tuple(r for r in range(layout.mesh.world_size)
+                 if (box := layout.local_box(spec, r)) is not None and box != zero)
 
 
 @st.composite
@@ -180,7 +181,7 @@ def nonfinite_elements(draw: Any, layout: Layout, names: tuple[str, ...]) -> tup
                 else st.sampled_from(names))
     spec = layout.param(name)
     holders = tuple(r for r in range(layout.mesh.world_size) if layout.local_box(spec, r) is not None)
-    away = tuple(_slices_away_from_rank_zero(layout, name))
+    away = _slices_away_from_rank_zero(layout, name)
     ranks = st.sampled_from(holders[::-1])
     box = layout.local_box(spec, draw(st.one_of(st.sampled_from(away[::-1]), ranks) if away else ranks))
     assert box is not None

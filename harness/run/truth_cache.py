@@ -1,9 +1,10 @@
 """Ground truth measured once per layout variant within a launch, not once per case.
 
 The plan keeps every target, norm type and bound of a layout variant together, and each of those
-cases starts from the same injected gradients, so the pre-call measurement (a stats round, a MAX
-and the replication: digests on gloo, a MAX per mesh axis and a merge on nccl) would repeat the same exchanges on the same bits. It is reused
-when this rank's freshly injected gradients are bit-identical to the ones it measured.
+cases starts from the same injected gradients, so the pre-call measurement (a stats round, with the
+digests on gloo; a MAX per mesh axis and a merge on nccl) would repeat the same exchanges on the
+same bits. It is reused when this rank's freshly injected gradients are bit-identical to the ones it
+measured.
 
 Every rank must run the same collectives, so whether to reuse depends only on what every rank
 knows alike (the case's variant and norm type, in the same order of cases), never on local data: a
