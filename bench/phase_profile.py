@@ -46,7 +46,8 @@ PHASES = {
 
 
 def phase_of(frames: list[str]) -> str:
-    names = [frame.split(" (")[0].strip() for frame in frames]
+    # py-spy names a method Class.method; the phases are keyed on the function's own name
+    names = [frame.split(" (")[0].strip().rsplit(".", 1)[-1] for frame in frames]
     importing = any("_find_and_load" in frame for frame in frames)
     if any("harness/run/watchdog" in frame for frame in frames):
         return "watchdog thread"

@@ -1,10 +1,8 @@
 """``python -m harness`` (usually under torchrun)."""
 
-import sys
-
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.commands.main import main
+from harness.commands.main import leave, main
 
 
 @record
@@ -13,4 +11,4 @@ def _entry() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_entry())
+    leave(_entry())

@@ -30,9 +30,10 @@ What gets drawn:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar, cast
 
 from hypothesis import strategies as st
 
@@ -79,6 +80,28 @@ EXTRA_AXES = (None, MeshAxis.PP, MeshAxis.CP, MeshAxis.DP_REPLICATE)
 context-parallel replicas (after fsdp). None first: hypothesis shrinks towards the plain mesh."""
 
 
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
+
+
+def _reused(factory: _Factory) -> _Factory:
+    """One strategy object per distinct arguments. Hypothesis builds a fresh lazy strategy on every
+    call of a composite (or of ``one_of``, ``map``) and validates it on its first draw: called inside
+    another composite, that was a fifth of the fuzzer's own time per example. A cached object is
+    validated once; derandomized runs draw the same cases as with fresh objects (pinned in
+    tests/test_fuzz.py); ``sampled_from`` is left to hypothesis's own cache."""
+    return cast(_Factory, functools.lru_cache(maxsize=4096)(factory))
+
+
+_integers = _reused(st.integers)
+_BOOLEANS = st.booleans()
+
+
+@_reused
+def _subsets(names: tuple[str, ...], max_size: int) -> st.SearchStrategy[list[str]]:
+    return st.lists(st.sampled_from(names), max_size=max_size, unique=True)
+
+
+@_reused
 @st.composite
 def meshes(draw: Any, world_size: int, stages: bool = True) -> MeshSpec:
     """A mesh for ``world_size`` ranks; ``stages=False`` leaves out pipeline stages."""
@@ -95,6 +118,7 @@ def meshes(draw: Any, world_size: int, stages: bool = True) -> MeshSpec:
     return MeshSpec.of(**{extra.value: outer}, fsdp=fsdp, ep=ep, tp=tp)
 
 
+@_reused
 @st.composite
 def stage_ranks(draw: Any, mesh: MeshSpec) -> frozenset[int] | None:
     """The ranks of the pipeline stage(s) a parameter lives on: one stage, or (tied, like an
@@ -102,8 +126,12 @@ def stage_ranks(draw: Any, mesh: MeshSpec) -> frozenset[int] | None:
     if not mesh.has(MeshAxis.PP):
         return None
     last = mesh.size(MeshAxis.PP) - 1
-    stages = draw(st.one_of(st.integers(0, last).map(_one_stage), st.just((0, last))))
-    return mesh.ranks_on(MeshAxis.PP, stages)
+    return mesh.ranks_on(MeshAxis.PP, draw(_stages(last)))
+
+
+@_reused
+def _stages(last: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.one_of(_integers(0, last).map(_one_stage), st.just((0, last)))
 
 
 def _one_stage(stage: int) -> tuple[int]:
@@ -114,6 +142,7 @@ _SHARD_OR_REPLICATE = {dim: st.sampled_from((Shard(dim), Replicate())) for dim i
 """Built once: a strategy made afresh on every draw is validated afresh on every draw."""
 
 
+@_reused
 @st.composite
 def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int | None,
                 kinds: tuple[str, ...] = KINDS) -> ParamSpec:
@@ -122,8 +151,8 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     kind = draw(st.sampled_from(kinds))
     # at least 2 x 2 elements per local slice: distinct slices then differ in some element even in
     # bf16 (a 1-element slice could collide with another by chance and be measured as a replica)
-    a = fsdp * draw(st.integers(2, 3))
-    b = tp * draw(st.integers(2, 3))
+    a = fsdp * draw(_integers(2, 3))
+    b = tp * draw(_integers(2, 3))
     stage = draw(stage_ranks(mesh))
     shard_or_rep = _SHARD_OR_REPLICATE
     if kind == "dense":
@@ -133,28 +162,29 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
                      tp=draw(shard_or_rep[2]))
     if kind == "shared_lora":
         return param(f"lora_shared{index}", (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
-    home = owner if owner is not None else draw(st.integers(0, ep - 1))
+    home = owner if owner is not None else draw(_integers(0, ep - 1))
     owners = mesh.ranks_where(ep=home)
     return param(f"expert_module{index}", (a, b), present_ranks=owners if stage is None else owners & stage,
                  fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
 
 
+@_reused
 @st.composite
 def layouts(draw: Any, world_size: int, dtensor: bool = False) -> tuple[Layout, DeclaredPlan]:
     """A layout and the framework's declared plan for it (true where enumerated, else fallback).
     ``dtensor``: one DTensor parameters can have, every parameter on every rank (no pipeline
     stages, no per-owner expert modules)."""
     mesh = draw(meshes(world_size, stages=not dtensor))
-    experts = mesh.size(MeshAxis.EP) * draw(st.integers(1, 2))
-    owner = 0 if draw(st.booleans()) and mesh.size(MeshAxis.EP) > 1 else None
-    count = draw(st.integers(1, 5))
+    experts = mesh.size(MeshAxis.EP) * draw(_integers(1, 2))
+    owner = 0 if draw(_BOOLEANS) and mesh.size(MeshAxis.EP) > 1 else None
+    count = draw(_integers(1, 5))
     kinds = tuple(k for k in KINDS if k != "expert_module") if dtensor else KINDS
     specs = tuple(draw(param_specs(mesh, i, experts, owner, kinds)) for i in range(count))
     layout = Layout(mesh, specs)
     declared: dict[str, dict[str, Placement]] = {}
     for spec in layout:
         truth = {axis: spec.placement(axis) for axis in mesh.names}
-        if not draw(st.booleans()):  # not enumerated by the plan: the fallback placement on ep
+        if not draw(_BOOLEANS):  # not enumerated by the plan: the fallback placement on ep
             truth[MeshAxis.EP] = Replicate()
         declared[spec.name] = truth
     return layout, declared
@@ -185,7 +215,7 @@ def nonfinite_elements(draw: Any, layout: Layout, names: tuple[str, ...]) -> tup
     ranks = st.sampled_from(holders[::-1])
     box = layout.local_box(spec, draw(st.one_of(st.sampled_from(away[::-1]), ranks) if away else ranks))
     assert box is not None
-    index = tuple(draw(st.integers(a, b - 1)) for a, b in box)
+    index = tuple(draw(_integers(a, b - 1)) for a, b in box)
     return name, ravel(index, spec.shape)
 
 
@@ -193,23 +223,24 @@ def nonfinite_elements(draw: Any, layout: Layout, names: tuple[str, ...]) -> tup
 def injections(draw: Any, layout: Layout, seed: int = 0, dtensor: bool = False) -> Injection:
     names = tuple(s.name for s in layout.trainable)  # tuples: hypothesis reuses the strategies built on them
     none_on = {}
-    for name in draw(st.lists(st.sampled_from(names), max_size=0 if dtensor else 2, unique=True)):
-        none_on[name] = frozenset({draw(st.integers(0, layout.mesh.world_size - 1))})
-    zero = draw(st.lists(st.sampled_from(names), max_size=1, unique=True))
+    for name in draw(_subsets(names, 0 if dtensor else 2)):
+        none_on[name] = frozenset({draw(_integers(0, layout.mesh.world_size - 1))})
+    zero = draw(_subsets(names, 1))
     nonfinite = []
-    if draw(st.booleans()):  # often: where a NaN sits decides whether a float MAX drops it
+    if draw(_BOOLEANS):  # often: where a NaN sits decides whether a float MAX drops it
         name, flat = draw(nonfinite_elements(layout, names))
         nonfinite.append((name, flat, draw(st.sampled_from(("nan", "nan", "inf", "-inf")))))
     return Injection(seed=seed, dtype=draw(st.sampled_from(DTYPES)), zero=frozenset(zero),
                      none_on=tuple(none_on.items()), nonfinite=tuple(nonfinite))
 
 
+@_reused
 @st.composite
 def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
     # DTensor parameters in about one case in three, decided first so that it is a top-level choice
-    dtensor = draw(st.integers(0, 2)) == 2
+    dtensor = draw(_integers(0, 2)) == 2
     layout, declared = draw(layouts(world_size, dtensor))
-    injection = draw(injections(layout, seed=draw(st.integers(0, 2**16)), dtensor=dtensor))
+    injection = draw(injections(layout, seed=draw(_integers(0, 2**16)), dtensor=dtensor))
     # with a NaN or inf gradient the inf norm is where clips differ most (a float MAX may drop a NaN)
     norm_type = draw(st.sampled_from(NONFINITE_NORM_TYPES if injection.nonfinite else NORM_TYPES))
     variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,

