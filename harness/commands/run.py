@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 
-from harness.run.startup import settle_startup
+from harness.run.startup import settle_startup, share_the_cores
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
@@ -126,6 +126,7 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
             world.wait_ended()
         return EXIT_USAGE
     assert plan is not None and world is not None
+    share_the_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     settle_startup(plan)
     world.start()
     return execute(world, plan, args, backend, rank, world_size)

@@ -43,6 +43,7 @@ from typing import Any, Callable, cast
 
 import torch.distributed as dist
 
+from harness.run.startup import share_the_cores
 from harness.run.world import DistWorld
 
 _WORLD: DistWorld | None = None
@@ -120,6 +121,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
     )
+    share_the_cores(world_size)
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _WORLD = DistWorld(backend, timeout_s)
