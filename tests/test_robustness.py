@@ -183,3 +183,31 @@ def test_fuzz_with_a_target_that_kills_a_rank_ends_in_bounded_time(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "crash" in proc.stdout + proc.stderr
     assert time.monotonic() - start < 90
+
+
+def _rank_zero_raises_outside_a_case() -> None:
+    if os.environ["RANK"] == "0":
+        from harness.run.world import DeadRankError
+
+        raise DeadRankError("rank(s) [1] did not report for startup within 120 s: they hung or died")
+    time.sleep(60)  # stopped by the launcher once rank 0 has failed
+
+
+def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
+    """A crash record names the rank and what it raised, not only its exit code (the exception is in
+    the error file torchelastic's record wrote, which the launcher reads back)."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from harness.commands.launcher import rank_exits
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
+                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="fork")
+    with pytest.raises(ChildFailedError) as failed:
+        elastic_launch(config, _rank_zero_raises_outside_a_case)()
+    described = {e.rank: e.describe() for e in rank_exits(failed.value)}
+    assert described[0] == ("rank 0 exited with code 1 (DeadRankError: rank(s) [1] did not report for startup "
+                            "within 120 s: they hung or died)")
+    assert described.get(1, "rank 1 was killed by SIGTERM") == "rank 1 was killed by SIGTERM"

@@ -28,7 +28,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.spec.case import CaseSpec
 from harness.judge.checks import unjudged_result
@@ -43,6 +43,9 @@ from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
 from harness.run.startup import preload_frameworks
 from harness.run.world import default_backend
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 MAX_RESUMES = 8
 
@@ -72,10 +75,23 @@ class RankExit:
     rank: int
     exitcode: int
     signal: str | None = None
+    cause: str | None = None  # the exception that ended it, when the rank raised one
 
     def describe(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
-        return f"rank {self.rank} {how}"
+        return f"rank {self.rank} {how}" + (f" ({self.cause})" if self.cause else "")
+
+
+def raised_in_rank(error_file_data: dict[str, Any]) -> str | None:
+    """The first line of the exception a rank raised, from the error file torchelastic's ``record``
+    wrote for it (``message``: a dict with its own ``message``, or text; ``<NONE>`` without a file,
+    as after a signal): a rank that raises outside a case (a start-up exchange that timed out) is
+    otherwise reported as a bare exit code, its traceback left in a temporary file."""
+    message = error_file_data.get("message")
+    text = message.get("message") if isinstance(message, dict) else message
+    if not isinstance(text, str) or not text.strip() or text.strip() == "<NONE>":
+        return None
+    return text.strip().splitlines()[0][:300]
 
 
 def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = None) -> list[RankExit]:
@@ -97,12 +113,18 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
         else:
             elastic_launch(config, sys.executable)("-m", "harness", *worker_args)
     except ChildFailedError as exc:
-        exits = []
-        for rank, failure in sorted(exc.failures.items()):
-            code = int(failure.exitcode)
-            exits.append(RankExit(rank, code, failure.signal_name() if code < 0 else None))
-        return exits
+        return rank_exits(exc)
     return []
+
+
+def rank_exits(failed: ChildFailedError) -> list[RankExit]:
+    """How each failed rank of an elastic launch ended (``failed``: its ChildFailedError)."""
+    exits = []
+    for rank, failure in sorted(failed.failures.items()):
+        code = int(failure.exitcode)
+        exits.append(RankExit(rank, code, failure.signal_name() if code < 0 else None,
+                              raised_in_rank(failure.error_file_data)))
+    return exits
 
 
 def worker_args(args: argparse.Namespace, spec_path: str, jsonl: str, start_at: int, backend: str) -> list[str]:
