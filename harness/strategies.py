@@ -88,8 +88,20 @@ def _reused(factory: _Factory) -> _Factory:
     call of a composite (or of ``one_of``, ``map``) and validates it on its first draw: called inside
     another composite, that was a fifth of the fuzzer's own time per example. A cached object is
     validated once; derandomized runs draw the same cases as with fresh objects (pinned in
-    tests/test_fuzz.py); ``sampled_from`` is left to hypothesis's own cache."""
-    return cast(_Factory, functools.lru_cache(maxsize=4096)(factory))
+    tests/test_fuzz.py); ``sampled_from`` is left to hypothesis's own cache. Arguments that are not
+    hashable (a list of kinds from a caller) get a fresh object, as before; ``typed`` keeps 1, 1.0
+    and True apart, as hypothesis's own cache does."""
+    cached = functools.lru_cache(maxsize=4096, typed=True)(factory)
+
+    @functools.wraps(factory)
+    def strategy(*args: Any, **kwargs: Any) -> Any:
+        try:
+            hash((args, tuple(kwargs.items())))
+        except TypeError:
+            return factory(*args, **kwargs)
+        return cached(*args, **kwargs)
+
+    return cast(_Factory, strategy)
 
 
 _integers = _reused(st.integers)

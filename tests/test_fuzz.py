@@ -73,6 +73,16 @@ def test_reused_strategy_objects_draw_what_fresh_ones_draw(monkeypatch, world_si
                                  d.max_norm) for d in reused]
 
 
+def test_strategies_still_take_unhashable_arguments():
+    """A caller's list (not a tuple) of parameter kinds gets a fresh strategy instead of a TypeError
+    from the cache of reused ones."""
+    from harness.spec.layout import MeshSpec
+    from harness.strategies import param_specs
+
+    spec = find(param_specs(MeshSpec.of(fsdp=1, ep=2, tp=1), 0, 2, None, ["dense"]), lambda p: True)
+    assert spec.name == "dense0"
+
+
 def _lies(variant):
     return any(p != variant.layout.param(name).placement(axis)
                for name, axes in variant.declared.items() for axis, p in axes.items())

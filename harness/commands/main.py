@@ -39,7 +39,9 @@ def leave(status: int | None) -> NoReturn:
     would still do is walk every object torch and the frameworks created (modules, op registrations,
     caches): 1.3-1.5 s of CPU per process with the frameworks imported, measured here, paid by the
     launcher and by each rank of a ``torchrun -m harness`` launch. Frozen objects are left out of those
-    collections; atexit handlers still run, and the operating system takes the memory back."""
+    collections; atexit handlers still run, and the operating system takes the memory back. So every
+    file a command writes must be closed (or flushed) before it returns: a writer left open in a
+    reference cycle would lose its buffer here."""
     sys.stdout.flush()
     sys.stderr.flush()
     gc.freeze()
