@@ -68,9 +68,11 @@ def test_reused_strategy_objects_draw_what_fresh_ones_draw(monkeypatch, world_si
         monkeypatch.setattr(strategies, name, getattr(strategies, name).__wrapped__)
     fresh = _derandomized_draws(strategies.drawn_cases.__wrapped__(world_size), world_size)
     assert len(fresh) == len(reused) == 40
-    assert [(d.variant.layout, d.variant.injection, dict(d.variant.declared), d.norm_type, d.max_norm)
-            for d in fresh] == [(d.variant.layout, d.variant.injection, dict(d.variant.declared), d.norm_type,
-                                 d.max_norm) for d in reused]
+
+    def drawn(d):
+        return d.variant.layout, d.variant.injection, dict(d.variant.declared), d.norm_type, d.max_norm
+
+    assert [drawn(d) for d in fresh] == [drawn(d) for d in reused]
 
 
 def test_strategies_still_take_unhashable_arguments():

@@ -196,17 +196,13 @@ def _rank_zero_raises_outside_a_case() -> None:
 def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
     """A crash record names the rank and what it raised, not only its exit code (the exception is in
     the error file torchelastic's record wrote, which the launcher reads back)."""
-    import uuid
-
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    from harness.commands.launcher import rank_exits
+    from harness.commands.launcher import launch_config, rank_exits
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, start_method="fork")
     with pytest.raises(ChildFailedError) as failed:
-        elastic_launch(config, _rank_zero_raises_outside_a_case)()
+        elastic_launch(launch_config(2), _rank_zero_raises_outside_a_case)()
     described = {e.rank: e.describe() for e in rank_exits(failed.value)}
     assert described[0] == ("rank 0 exited with code 1 (DeadRankError: rank(s) [1] did not report for startup "
                             "within 120 s: they hung or died)")

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from harness.run.startup import share_the_cores
+from harness.run.startup import share_the_cores, usable_cores
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
 
@@ -30,13 +30,13 @@ def _in_a_child(local_ranks: int) -> tuple[bool, int]:
 
 
 def test_ranks_that_outnumber_the_cores_run_under_sched_batch():
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     assert _in_a_child(cores + 1) == (True, os.SCHED_BATCH)
 
 
 @pytest.mark.parametrize("spare", [0, 1])
 def test_ranks_that_fit_the_cores_keep_the_default_policy(spare):
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     if cores - spare < 1:
         pytest.skip("one core: no world fits with a core to spare")
     assert _in_a_child(cores - spare) == (False, os.sched_getscheduler(0))

@@ -46,6 +46,7 @@ from harness.run.world import default_backend
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig
 
 MAX_RESUMES = 8
 
@@ -100,13 +101,11 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     these very arguments) the ranks are forked from this process and start from it (``forked``).
     SIGINT/SIGTERM to this process stop the ranks (the agent forwards them) before they propagate here."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.1, start_method="fork")  # used by a function entry point only
+    config = launch_config(nproc)
     try:
         if forked_plan is not None:
             elastic_launch(config, forked_rank)(forked_plan, worker_args)
@@ -115,6 +114,16 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     except ChildFailedError as exc:
         return rank_exits(exc)
     return []
+
+
+def launch_config(nproc: int) -> LaunchConfig:
+    """One node, ``nproc`` ranks, a fresh rendezvous on a free port, no restarts (the launcher
+    resumes itself after a crash, at the next case)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                        monitor_interval=0.1, start_method="fork")  # used by a function entry point only
 
 
 def rank_exits(failed: ChildFailedError) -> list[RankExit]:

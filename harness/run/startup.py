@@ -11,6 +11,11 @@ import sys
 from harness.spec.plan import Plan
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def share_the_cores(local_ranks: int) -> bool:
     """With more ranks on this machine than cores it may use, put this rank under ``SCHED_BATCH``
     (Linux): the scheduler then lets a running rank finish its time slice instead of switching to
@@ -19,8 +24,7 @@ def share_the_cores(local_ranks: int) -> bool:
     (``clipcheck run`` over four scenarios on 2 cores: about 10% less wall time at worlds 4 and 8,
     no change at world 2, so a world that fits the cores keeps the default policy). Nothing the
     clip function computes depends on it. Returns whether the policy was set."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if local_ranks <= cores or not hasattr(os, "SCHED_BATCH"):
+    if local_ranks <= usable_cores() or not hasattr(os, "SCHED_BATCH"):
         return False
     try:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
