@@ -137,8 +137,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
               records: list[Record], blame: bool) -> int:
-    frameworks = {name: t.framework_version() for name, t in plan.targets.items()}
-    reporter = Reporter(out, None, world, backend, verbose=False, frameworks=frameworks)
+    reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
     for case in plan.cases:
         reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))

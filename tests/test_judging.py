@@ -115,6 +115,7 @@ def rank_record(case, rank, reported, transform, error=None, fault=None, params_
     params = {n: torch.zeros(1) for n in params_changed}
     _, local = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
     local["stale_truth"] = False
+    local["undelivered"] = []
     return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
 
 
@@ -308,6 +309,18 @@ def test_gradients_scaled_up_below_the_bound_fail_the_coefficient_check():
     assert kept.verdict == "PASS"
     up, _ = judge(above, [truth, truth], lambda r, n, g: g * 2.0)
     assert failed(up) == {"coefficient"}
+
+
+def test_gradients_a_framework_path_did_not_deliver_make_the_case_a_harness_error():
+    case = dense_case()
+    truth, scale = correct(case)
+    stats = simulated_stats(case.layout, case.injection, 2.0)
+    rep = true_replication(case.layout)
+    records = [rank_record(case, r, truth, scale) for r in range(2)]
+    records[1]["local"]["undelivered"] = ["b: 3 of 3 elements differ (largest difference 0.5)"]
+    result = evaluate(case, truth, truth, stats, rep, rep, records)
+    assert result.verdict == "ERROR" and failed(result) == {"truth"}
+    assert "ranks [1]" in result.failed[0].detail and "b: 3 of 3 elements differ" in result.failed[0].detail
 
 
 # -- the registry: a positive control per check, and each check reads only what it declares ---------------

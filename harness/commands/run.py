@@ -157,8 +157,7 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
 def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str, rank: int, world_size: int) -> int:
     """Run every planned case on this rank; rank 0 reports. Returns the exit status."""
     quiet_torch_warnings()
-    frameworks = {name: t.framework_version() for name, t in plan.targets.items()} if rank == 0 else {}
-    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, frameworks, args.junit,
+    reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, plan.targets, args.junit,
                         append=args.start_at > 0) if rank == 0 else None
     progress = Progress(len(plan.cases), enabled=bool(rank == 0 and (
         args.progress if args.progress is not None else sys.stderr.isatty())))

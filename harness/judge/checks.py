@@ -20,6 +20,7 @@ produces; ``evaluate`` runs them in order.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -246,8 +247,17 @@ class CheckSpec:
 
 
 def judge_truth(j: Judgement) -> Outcome:
-    """Harness self-check: the measured (MAX-MIN) truth equals the constructive one, and the
-    gradients injected for this case are the ones measured for its variant."""
+    """Harness self-check: the measured (MAX-MIN) truth equals the constructive one, the gradients
+    injected for this case are the ones measured for its variant, and a framework's own gradient path
+    delivered exactly the layout's gradients."""
+    undelivered = [(r, rec["local"]["undelivered"]) for r, rec in enumerate(j.records)
+                   if rec["local"].get("undelivered")]
+    if undelivered:
+        r, lines = undelivered[0]
+        ranks = [q for q, _ in undelivered]
+        return False, (f"HARNESS ERROR: ranks {ranks}: the framework's own gradient path did not deliver this "
+                       f"layout's gradients (rank {r}: {'; '.join(lines)}); no user of the framework reaches this "
+                       "layout that way: mark it synthetic, or deliver it differently")
     stale = [r for r, rec in enumerate(j.records) if rec["local"].get("stale_truth")]
     if stale:
         return False, (f"HARNESS ERROR: ranks {stale}: the injected gradients differ from the ones "
@@ -391,7 +401,7 @@ def judge_nonfinite(j: Judgement) -> Outcome:
 
 
 CHECKS: tuple[CheckSpec, ...] = (
-    CheckSpec("truth", judge_truth, reads=("stale_truth",)),
+    CheckSpec("truth", judge_truth, reads=("stale_truth", "undelivered")),
     CheckSpec("raised", judge_raised),
     CheckSpec("contract", judge_contract, reads=("mangled", "vanished")),
     CheckSpec("params", judge_params, reads=("params_changed",)),
@@ -479,9 +489,15 @@ def unjudged_result(case: CaseSpec, check: str, detail: str, world_size: int, se
                       placements={}, mismatches=[], coefficient=None, seconds=seconds)
 
 
-def setup_failed_result(case: CaseSpec, truth: float, errors: Sequence[str | None], seconds: float) -> CaseResult:
-    """The framework's own setup (its dress step) raised: the clip was never reached."""
-    detail = describe_errors(errors)
-    return CaseResult(case=case, verdict="FAIL", truth=truth, measured_truth=math.nan, reported=[None] * len(errors),
-                      checks=[Check("setup", False, f"the framework setup raised: {detail}")], signature=[],
-                      placements={}, mismatches=[], coefficient=None, seconds=seconds, errors=list(errors))
+SETUP_STEPS = {"dress": "setup", "backward": "gradient path (its backward and hooks)"}
+
+
+def setup_failed_result(case: CaseSpec, errors: Sequence[str | None], seconds: float,
+                        step: str = "dress") -> CaseResult:
+    """The framework's own setup (its dress step) or gradient path (its backward) raised: the clip was
+    never reached, so nothing about it was judged. A SKIP with the error as the reason (a framework
+    that cannot be set up here says nothing about its clip), never a FAIL of the clip."""
+    reason = f"the framework's {SETUP_STEPS[step]} raised, its clip was not reached: {describe_errors(errors)}"
+    result = skipped_result(dataclasses.replace(case, skip=reason))
+    result.errors, result.seconds = list(errors), seconds
+    return result

@@ -32,6 +32,19 @@ class BlameRecord(TypedDict):
     line: str
 
 
+class FindingRecord(TypedDict):
+    """What a real framework's FAIL is (``harness.targets.target.Finding``), and who reaches it."""
+
+    upstream: str | None
+    note: str
+    reach: Literal["stock", "direct-call", "synthetic"]
+    how: str
+    owner: str | None
+    repro: str | None
+    text: str
+    """The one line the reports show: the upstream report or 'new finding', the mechanism."""
+
+
 class CaseRecord(TypedDict):
     """One case, written as soon as it is judged."""
 
@@ -68,6 +81,11 @@ class CaseRecord(TypedDict):
     blame: list[BlameRecord]
     blame_note: str
     blame_rank: int
+    finding: FindingRecord | None
+    """For a framework adapter's FAIL or ERROR: the finding it matches (None if none does, or for the
+    harness's own targets)."""
+    synthetic: str | None
+    """Why no known path of the framework reaches this layout, for a synthetic regression layout."""
 
 
 class MetamorphicRecord(TypedDict):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import IO, Any, Iterable
+from typing import IO, Any, Iterable, Mapping
 
 from harness.spec.case import bound_label
 from harness.judge.blame import blame_lines, blame_tolerance
@@ -22,6 +22,7 @@ from harness.report.junit import write_junit
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record
 from harness.judge.verdicts import count
+from harness.targets.target import Finding, Target, finding_for
 
 
 def _num(x: float | None) -> Any:
@@ -40,10 +41,19 @@ def _fmt(x: float | None, width: int = 12) -> str:
     return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
 
 
-def case_json(result: CaseResult, world_size: int, backend: str, framework: str | None = None) -> CaseRecord:
+def finding_of(result: CaseResult, target: Target | None) -> Finding | None:
+    """The finding a framework adapter's FAIL or ERROR matches (None for a pass, a skip, an unexplained
+    failure, or a target of the harness's own)."""
+    if target is None or result.verdict not in ("FAIL", "ERROR"):
+        return None
+    return finding_for(target.findings, result.case.variant.label, result.case.norm_label)
+
+
+def case_json(result: CaseResult, world_size: int, backend: str, target: Target | None = None) -> CaseRecord:
     case = result.case
+    finding = finding_of(result, target)
     return {
-        "framework": framework,
+        "framework": target.framework_version() if target is not None else None,
         "type": "case",
         "index": case.index,
         "scenario": case.scenario,
@@ -77,7 +87,25 @@ def case_json(result: CaseResult, world_size: int, backend: str, framework: str 
                    "line": g.line(blame_tolerance(case.injection.dtype))} for g in result.blame],
         "blame_note": result.blame_note,
         "blame_rank": result.blame_rank,
+        "finding": finding.record() if finding is not None else None,
+        "synthetic": case.variant.synthetic,
     }
+
+
+def finding_lines(record: CaseRecord) -> list[str]:
+    """What a framework adapter's failing case is, for a person: the finding and who reaches it, its
+    standalone reproduction; a synthetic layout says so."""
+    lines = []
+    finding = record.get("finding")
+    if finding is not None:
+        lines.append(f"finding [{finding['reach']}: {finding['how']}]: {finding['text']}")
+        if finding.get("repro"):
+            lines.append(f"reproduce without clipcheck: {finding['repro']}")
+    elif record["verdict"] in ("FAIL", "ERROR") and record.get("framework"):
+        lines.append("finding: unexplained (no recorded finding matches this layout)")
+    if record.get("synthetic") and record["verdict"] in ("FAIL", "ERROR"):
+        lines.append(f"synthetic layout (no known path reaches it: {record['synthetic']})")
+    return lines
 
 
 def metamorphic_json(group: MetamorphicResult, backend: str) -> MetamorphicRecord:
@@ -102,11 +130,11 @@ class Reporter:
     """Rank 0's printer and JSON Lines writer."""
 
     def __init__(self, out: IO[str], json_path: str | None, world_size: int, backend: str, verbose: bool,
-                 frameworks: dict[str, str | None] | None = None, junit_path: str | None = None,
+                 targets: Mapping[str, Target] | None = None, junit_path: str | None = None,
                  append: bool = False) -> None:
         self.out = out
         self.junit_path = junit_path
-        self.frameworks = frameworks or {}
+        self.targets = targets or {}
         self.world_size = world_size
         self.backend = backend
         self.verbose = verbose
@@ -155,7 +183,10 @@ class Reporter:
             self._print(f"      signature: {line}")
         for line in blame_lines(result):
             self._print(f"      blame: {line}")
-        self._write_json(case_json(result, self.world_size, self.backend, self.frameworks.get(case.target)))
+        record = case_json(result, self.world_size, self.backend, self.targets.get(case.target))
+        for line in finding_lines(record):
+            self._print(f"      {line}")
+        self._write_json(record)
 
     def metamorphic(self, groups: list[MetamorphicResult]) -> None:
         if not groups:

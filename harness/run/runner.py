@@ -2,7 +2,9 @@
 
 Every rank executes the same collectives in the same order whatever the function under test does:
 
-1. build the EP-local model, dress it, inject gradients, snapshot gradients and parameters;
+1. build the EP-local model, dress it, inject gradients (or, for a framework that acts on gradients
+   between its backward and its clip, produce them through its own path: ``delivery``), snapshot
+   gradients and parameters;
 2. measure ground truth: per-rank stats through the store, with each gradient's digest on gloo (every
    rank compares the holders' digests itself) or, on nccl, one MAX per mesh axis (private groups) and
    the verdicts merged through the store; once per layout variant and norm type (``truth_cache``: later
@@ -36,7 +38,8 @@ from harness.clipmath import local_tensor
 from harness.spec.context import CaseContext, attach
 from harness.run.devices import settle
 from harness.run.effects import rank_effects, snapshot_params
-from harness.spec.model import local_grads
+from harness.spec.model import generated_grads, local_grads
+from harness.run.delivery import expected_copies, undelivered
 from harness.run import replicas
 from harness.run.measure import digests_for_truth, gather_stats, pre_call_replication
 from harness.judge.truth import measured_norm
@@ -130,9 +133,21 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
         if any(s["error"] is not None for s in statuses):
             if world.rank != 0:
                 return None
-            return setup_failed_result(case, variant_truth(variant, case.norm_type),
-                                       [s["error"] for s in statuses], seconds)
-    scenario.inject(model, variant, world.rank)
+            return setup_failed_result(case, [s["error"] for s in statuses], seconds)
+    undelivered_here: list[str] = []
+    backward = target.backward if variant.synthetic is None else None
+    if backward is None:
+        scenario.inject(model, variant, world.rank)
+    else:  # the framework's own gradient path (its hooks, reduce-scatter): what arrives must be the layout's
+        expected = expected_copies(generated_grads(layout, variant.injection, world.rank), world.device)
+        _, error, seconds = _guarded(world, "backward",
+                                     lambda: backward(model, ctx, {n: expected.get(n) for n in names}))
+        statuses = _agree(world, "backward", {"error": error})
+        if any(s["error"] is not None for s in statuses):
+            if world.rank != 0:
+                return None
+            return setup_failed_result(case, [s["error"] for s in statuses], seconds, step="backward")
+        undelivered_here = undelivered({n: expected.get(n) for n in names}, local_grads(model, names))
     pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
     params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
 
@@ -164,6 +179,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     # this rank's part only: the parts travel in the records, and rank 0 merges them
     local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
     local["stale_truth"] = stale_truth
+    local["undelivered"] = undelivered_here
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                               "local": local}
     records = world.gather_json("record", record, world.exchange_deadline_s)

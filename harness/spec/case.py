@@ -34,6 +34,12 @@ class Variant:
     layout (how to wrap the model, which marks or meshes to use): a typed object defined in the
     framework's own folder, read back with ``info_as`` (never shared string keys).
 
+    ``synthetic``: why no known path of the scenario's framework reaches this layout (its trainer's
+    hooks make these gradients replicas, say), or None for a layout its users meet. A synthetic layout
+    is a regression layout: the harness's own targets run it, a framework's adapter only on request
+    (``--synthetic``), with the gradients injected after the framework's setup, and its FAILs are
+    never called findings.
+
     ``truths``: the constructive norm by norm type, filled by ``constructive.variant_truth`` as it is
     first asked for; not an argument (``dataclasses.replace`` starts a changed variant empty), not
     compared, and pickled with the variant, so the ranks of a warm world get what the fuzzer's
@@ -48,6 +54,7 @@ class Variant:
     dtensor: bool = False
     ep_size: int | None = None
     info: Any = None
+    synthetic: str | None = None
     truths: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def info_as(self, kind: type[Info]) -> Info:

@@ -17,6 +17,7 @@ norm types, every valid EP size, whatever world size and backend the launch has.
     max_norm    = 0.5                # an absolute bound instead of clip_ratios
     backends    = ["gloo", "nccl"]
     seed        = 0
+    synthetic   = false              # also run the frameworks' synthetic (regression) layouts
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class MatrixSpec:
     backends: tuple[str, ...] = ()
     seed: int = 0
     variant: str | None = None
+    synthetic: bool = False
 
     def merged(self, overrides: Mapping[str, Any]) -> "MatrixSpec":
         """This spec with every non-None override applied (command-line flags over the file)."""
@@ -102,6 +104,12 @@ def _backend(value: Any) -> str:
     return str(value)
 
 
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
@@ -118,6 +126,7 @@ class Axis:
     many: bool
     help: str
     from_text: Callable[[str], Any] = str  # command-line text -> the value ``item`` checks
+    switch: bool = False  # a flag without a value (``--synthetic``): present means True
 
     def parse_file_value(self, raw: Any, source: str) -> Any:
         try:
@@ -158,6 +167,9 @@ AXES: tuple[Axis, ...] = (
     Axis("backends", (), _backend, True, "backends the matrix applies to"),
     Axis("seed", ("--seed",), _strict(int), False, "seed of the gradient values (default 0)", int),
     Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text"),
+    Axis("synthetic", ("--synthetic",), _boolean, False,
+         "also run the frameworks' adapters on synthetic layouts: regression layouts no known path of the "
+         "framework's trainer reaches (the harness's own targets run them always)", switch=True),
 )
 _BY_KEY = {axis.key: axis for axis in AXES}
 
@@ -165,7 +177,10 @@ _BY_KEY = {axis.key: axis for axis in AXES}
 def add_axis_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per axis that has one (their destinations are the axis keys)."""
     for axis in AXES:
-        if axis.flags:
+        if axis.flags and axis.switch:
+            parser.add_argument(*axis.flags, dest=axis.key, action="store_const", const=True, default=None,
+                                help=axis.help)
+        elif axis.flags:
             parser.add_argument(*axis.flags, dest=axis.key, type=axis.parse_flag, default=None, help=axis.help)
 
 

@@ -96,10 +96,11 @@ _GENERATED: "OrderedDict[tuple[int, int, int], tuple[Layout, Injection, dict[str
 _GENERATED_KEPT = 8
 
 
-def _generated(layout: Layout, injection: Injection, rank: int) -> dict[str, torch.Tensor | None]:
+def generated_grads(layout: Layout, injection: Injection, rank: int) -> dict[str, torch.Tensor | None]:
     """This rank's generated gradients of a variant, hashed once and kept for its later cases (every
     target, norm type and bound of a variant runs on the same gradients; hashing each element again
-    was a large share of a case's CPU). Keyed by the objects, kept alive while cached."""
+    was a large share of a case's CPU). Keyed by the objects, kept alive while cached: read them, never
+    write into them."""
     key = (id(layout), id(injection), rank)
     entry = _GENERATED.get(key)
     if entry is None or entry[0] is not layout or entry[1] is not injection:
@@ -115,7 +116,7 @@ def _generated(layout: Layout, injection: Injection, rank: int) -> dict[str, tor
 def inject_grads(model: nn.Module, layout: Layout, injection: Injection, rank: int) -> None:
     """Give every parameter this rank's gradient (or None), wrapped like the parameter itself; a copy
     of the generated one, since the function under test writes into it."""
-    generated = _generated(layout, injection, rank)
+    generated = generated_grads(layout, injection, rank)
     for name, p in model.named_parameters():
         grad = generated[name]
         if grad is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 import torch.nn as nn
@@ -21,16 +21,65 @@ from harness.clipmath import local_tensor, trainable_with_grads
 from harness.spec.context import context
 from harness.targets.frameworks import Framework
 from harness.targets.loading import LoadError, is_import_path, load_object
+from harness.judge.records import FindingRecord
 from harness.spec.model import torch_placements
 
 ClipFn = Callable[..., Any]
 
 
+ReachKind = Literal["stock", "direct-call", "synthetic"]
+REACH_KINDS: tuple[ReachKind, ...] = ("stock", "direct-call", "synthetic")
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Who meets a finding, which decides whether it is one: a FAIL is a claim about someone else's
+    code, and what a framework's users actually run is what makes it worth their time.
+
+    * ``stock``: a documented configuration of the framework's own trainer reaches it (``how`` names
+      the configuration);
+    * ``direct-call``: only a custom training loop that calls the clip function itself does (``how``
+      names the call);
+    * ``synthetic``: no known path reaches it (``how`` says what prevents it); the layout is kept as a
+      regression layout, runs only when asked for (``--synthetic``) and is never called a finding.
+    """
+
+    kind: ReachKind
+    how: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in REACH_KINDS:
+            raise ValueError(f"reach kind must be one of {REACH_KINDS}, got {self.kind!r}")
+        if not self.how.strip():
+            raise ValueError("a reach says how (the config, the call, or what keeps every path from it)")
+
+    @property
+    def reached(self) -> bool:
+        """Whether some user meets it (``stock`` or ``direct-call``)."""
+        return self.kind != "synthetic"
+
+    def describe(self) -> str:
+        return f"{self.kind}: {self.how}"
+
+
+def stock(how: str) -> Reach:
+    return Reach("stock", how)
+
+
+def direct_call(how: str) -> Reach:
+    return Reach("direct-call", how)
+
+
+def synthetic(how: str) -> Reach:
+    return Reach("synthetic", how)
+
+
 @dataclass(frozen=True)
 class Finding:
-    """What a real framework's failures on some layouts are, for the compatibility table: a known
-    upstream report, or a new finding with what a user should report upstream. A FAIL that matches
-    no finding of its target is shown as unexplained (nobody has looked at it yet)."""
+    """What a real framework's failures on some layouts are, for the reports and the compatibility
+    table: a known upstream report, or a new finding with what a user should report upstream, and in
+    both cases who reaches it (``reach``). A FAIL that matches no finding of its target is shown as
+    unexplained (nobody has looked at it yet)."""
 
     layouts: str
     """fnmatch pattern on the variant label ("*tp experts plain*")."""
@@ -38,14 +87,35 @@ class Finding:
     """The matching report ("meta-pytorch/torchtune #2420"); None for a new finding."""
     note: str
     """The mechanism in a few words; for a new finding, what to report (with the replay command)."""
+    reach: Reach
+    """Who meets it: the trainer's stock configuration, a direct call, or nobody known (synthetic)."""
     norms: tuple[str, ...] = ()
     """Norm labels it applies to ("L2", "Linf"); empty for every norm."""
+    owner: str | None = None
+    """Whose code holds the mechanism when it is not the target's framework ("pytorch/pytorch"): a
+    finding several frameworks inherit is filed once, under its owner."""
+    repro: str | None = None
+    """The standalone reproduction (``scenarios/<framework>/repro_<finding>.py``: the framework's own
+    API, no clipcheck), so that the finding can be filed upstream as it stands."""
 
     def matches(self, layout: str, norm: str) -> bool:
         return fnmatch.fnmatchcase(layout, self.layouts) and (not self.norms or norm in self.norms)
 
     def describe(self) -> str:
-        return f"{self.upstream}: {self.note}" if self.upstream else f"new finding: {self.note}"
+        owner = f" (filed under {self.owner})" if self.owner else ""
+        if self.upstream:
+            return f"{self.upstream}: {self.note}{owner}"
+        kind = "new finding" if self.reach.reached else "synthetic regression layout"
+        return f"{kind}: {self.note}{owner}"
+
+    def record(self) -> "FindingRecord":
+        return {"upstream": self.upstream, "note": self.note, "reach": self.reach.kind, "how": self.reach.how,
+                "owner": self.owner, "repro": self.repro, "text": self.describe()}
+
+
+def finding_for(findings: tuple[Finding, ...], layout: str, norm: str) -> Finding | None:
+    """The first of ``findings`` that explains a FAIL on ``layout`` with ``norm``; None if none does."""
+    return next((f for f in findings if f.matches(layout, norm)), None)
 
 
 @dataclass(frozen=True)
@@ -61,7 +131,13 @@ class Target:
     * ``dress``: ``dress(model, ctx)``, run on every rank before the gradients are injected, to set the
       model up the way the framework would (its marks, meshes, groups, wrappers). It may replace
       parameters, as long as names and local shapes stay those of the layout.
-    * ``findings``: what its known failures are (``Finding``), for the compatibility table.
+    * ``backward``: ``backward(model, ctx, grads)``, for a framework that acts on gradients between its
+      backward and its clip (hooks, reduce-scatter, buckets, casts): instead of the harness writing
+      ``grads`` (this rank's gradients by parameter name, None where it has none) into ``.grad``, it
+      produces them through the framework's own path (``harness.run.delivery`` checks that exactly
+      they arrived). None where the framework does nothing to gradients on the way to the clip.
+    * ``findings``: what its known failures are (``Finding``), for the reports and the compatibility
+      table.
     * ``refuses``: ``refuses(variant) -> reason | None``, for layouts the framework itself rejects
       before any clip runs (torchtitan raises on weight tying under PP, say): such cases are dropped
       and counted with the reason, since judging a clip the framework never lets run says nothing.
@@ -77,6 +153,7 @@ class Target:
     norm_types: tuple[float, ...] | None = None
     requires: Framework | None = None
     dress: Callable[..., None] | None = None
+    backward: Callable[..., None] | None = None
     refuses: Callable[[Any], str | None] | None = None
     findings: tuple[Finding, ...] = ()
 
@@ -131,10 +208,22 @@ def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) 
     return total.full_tensor() if isinstance(total, DTensor) else total
 
 
-GLOO_NAN_MAX = ("the inf norm of a sharded DTensor is Partial(max), reduced by a bare all_reduce(MAX), and gloo's "
-                "float MAX keeps a NaN only where rank 0 holds it: a finite norm is reported and the NaN stays in "
-                "the gradients (report to pytorch/pytorch: MAX reductions should propagate NaN; unverified on nccl)")
-"""A finding shared by every clip whose inf norm is a DTensor MAX reduction on gloo."""
+TORCH_MAX_DROPS_NAN = (
+    "torch reduces the inf norm of sharded DTensor gradients (a Partial(max) DTensor) with a bare float "
+    "all_reduce(MAX), which drops a NaN: gloo keeps it only where rank 0 holds it, NCCL's MAX (fmaxf) drops "
+    "it on every rank, rank 0 included; a finite norm is reported and the NaN stays in the gradients")
+"""The mechanism, in torch: every clip that takes the inf norm of sharded DTensor gradients inherits it."""
+
+
+def torch_max_drops_nan(layouts: str) -> Finding:
+    """The one torch finding the frameworks that call ``clip_grad_norm_`` on DTensors inherit, filed
+    under torch (``owner``) rather than once per framework."""
+    return Finding(layouts, None, TORCH_MAX_DROPS_NAN,
+                   direct_call("clip_grad_norm_(..., norm_type=inf) (torch's, or a framework's that calls it) on "
+                               "sharded DTensor gradients holding a NaN on a rank other than 0 (gloo; every "
+                               "rank on NCCL)"),
+                   norms=("Linf",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_inf_norm_drops_nan.py")
+
 
 BUILTIN_TARGETS: dict[str, Target] = {
     t.name: t
@@ -144,10 +233,12 @@ BUILTIN_TARGETS: dict[str, Target] = {
         Target("torch", torch_local,
                "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)",
                findings=(Finding("*", "by design, not a torch bug", "clip_grad_norm_ on plain tensors is rank-local: "
-                                 "the naive control every sharded layout fails"),)),
+                                 "the naive control every sharded layout fails",
+                                 direct_call("torch.nn.utils.clip_grad_norm_ on the rank-local gradients of a "
+                                             "sharded model")),)),
         Target("torch-dtensor", torch_dtensor,
                "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
-               findings=(Finding("*nan on last rank*", None, GLOO_NAN_MAX, norms=("Linf",)),)),
+               findings=(torch_max_drops_nan("*nan on last rank*"),)),
     )
 }
 

@@ -43,7 +43,7 @@ from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
 from harness.spec.model import parameter_values
-from harness.targets.target import GLOO_NAN_MAX, Finding, Target
+from harness.targets.target import Finding, Target, stock, torch_max_drops_nan
 
 from .framework import FRAMEWORK as ACCELERATE
 from .scenario import COLWISE, LOCAL, REPLICATE, ROWWISE, AccelerateSetup
@@ -147,14 +147,14 @@ TARGETS = (
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
            refuses=_refuses_fsdp,
            findings=(
-               Finding("*fsdp2 nan*", None,
-                       GLOO_NAN_MAX, norms=("Linf",)),)),
+               torch_max_drops_nan("*fsdp2 nan*"),)),
     Target("accelerate-tp", clip, "accelerate Accelerator.clip_grad_norm_ on a TP (DTensor + plain) model",
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
            refuses=_refuses_tp,
            findings=(
                Finding("*tp experts plain*", None,
-                       "accelerate 1.15.0's _clip_grad_norm_dtensor_aware (the PR #4219 fix) adds the plain-tensor group's norm rank-locally, right only while plain gradients are replicas; TP-sharded plain experts (transformers' grouped_gemm / local_* styles, the gpt-oss plan) make each rank clip by its own norm: report to huggingface/accelerate with: clipcheck run --nproc 4 --scenario accelerate_fsdp2 --target accelerate-tp --variant 'tp experts plain' --norm-type 2"),
-               Finding("*tp mixed plain/DTensor nan*", None,
-                       GLOO_NAN_MAX, norms=("Linf",)),)),
+                       "accelerate 1.15.0's _clip_grad_norm_dtensor_aware (the PR #4219 fix) adds the plain-tensor group's norm rank-locally, right only while plain gradients are replicas; TP-sharded plain experts (transformers' grouped_gemm / local_* styles, the gpt-oss plan) make each rank clip by its own norm: report to huggingface/accelerate with: clipcheck run --nproc 4 --scenario accelerate_fsdp2 --target accelerate-tp --variant 'tp experts plain' --norm-type 2",
+                       stock("transformers 4.x tp_plan='auto' on a model whose TP plan shards plain experts "
+                             "(gpt-oss, dots.llm1: grouped_gemm / local_* styles), clipped by accelerate")),
+               torch_max_drops_nan("*tp mixed plain/DTensor nan*"),)),
 )

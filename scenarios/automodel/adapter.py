@@ -48,7 +48,7 @@ from torch.distributed.tensor import DTensor
 
 from harness.spec.context import CaseContext, context
 from harness.spec.model import parameter_values
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, synthetic
 
 from .framework import FRAMEWORK as AUTOMODEL
 from .scenario import EXPERTS, PREFIX, AutomodelSetup
@@ -173,11 +173,15 @@ TARGETS = (
            origin="adapter automodel", scenarios=("automodel_ep",), requires=AUTOMODEL, dress=dress,
            findings=(
                Finding("*te experts unmarked*", "NVIDIA-NeMo/Automodel #3816 (fixed by PR #3817 in 0.7.0)",
-                       "experts without the EP-local marker, as every expert looked before the fix: no reduction over ep, each EP group clips by its own norm"),)),
+                       "experts without the EP-local marker, as every expert looked before the fix: no reduction over ep, each EP group clips by its own norm",
+                       synthetic("0.7.0's MoE parallelizer marks every expert it builds; only releases before PR "
+                                 "#3817 leave them unmarked")),)),
     Target("automodel-torch-clip", clip_torch_fast_path,
            "nemo_automodel scale_grads_and_clip_grad_norm with use_torch_clip_grad_norm=True (its torch fast path)",
            origin="adapter automodel", scenarios=("automodel_ep",), requires=AUTOMODEL, dress=dress,
            findings=(
                Finding("*te experts unmarked*", "NVIDIA-NeMo/Automodel #3816 (fixed by PR #3817 in 0.7.0)",
-                       "as for automodel: the unmarked experts are never reduced over ep"),)),
+                       "as for automodel: the unmarked experts are never reduced over ep",
+                       synthetic("0.7.0's MoE parallelizer marks every expert it builds; only releases before PR "
+                                 "#3817 leave them unmarked")),)),
 )

@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from harness.run.devices import accelerator_for
 from harness.spec.context import CaseContext, context
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, direct_call, stock
 
 from .framework import FRAMEWORK as COLOSSALAI
 from .scenario import EXPERT_PREFIX, ColossalAISetup
@@ -256,12 +256,14 @@ TARGETS = (
            dtypes=("fp32", "bf16"), norm_types=(2.0,),
            findings=(
                Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the MoE-ZeRO linear composition (0.5.0 and HEAD, code)",
-                       "||dense|| + ||own experts|| on each rank instead of their 2-norm over all experts"),)),
+                       "||dense|| + ||own experts|| on each rank instead of their 2-norm over all experts",
+                       stock("MoeHybridParallelPlugin(ep_size>1, zero_stage=1) with max_norm set")),)),
     Target("colossalai-inf", clip_inf,
            "ColossalAI ZeRO step() with norm_type=inf bound onto HybridParallelZeroOptimizer._compute_grad_norm",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
            dtypes=("fp32", "bf16"), norm_types=(math.inf,),
            findings=(
                Finding("*", "ColossalAI 0.5.0 inf branch (code; §6 row 33)",
-                       "super()._compute_grad_norm(gradients, norm_type) without dp_pg: TypeError: object of type 'float' has no len()"),)),
+                       "super()._compute_grad_norm(gradients, norm_type) without dp_pg: TypeError: object of type 'float' has no len()",
+                       direct_call("the MoE ZeRO optimizer built with norm_type=inf")),)),
 )

@@ -23,7 +23,7 @@ import torch.nn as nn
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext, context
 from harness.run.devices import accelerator_for
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, direct_call, stock
 from .framework import FRAMEWORK as DEEPSPEED
 
 _GROUP_CACHES_DICT = ("_EXPERT_PARALLEL_GROUP", "_EXPERT_DATA_PARALLEL_GROUP",
@@ -135,13 +135,17 @@ TARGETS = (
                        "deepspeed.runtime.utils.clip_grad_norm_'s inf branch torch.stack()s the rank's maxima: a rank "
                        "holding no gradient at all raises 'stack expects a non-empty TensorList'; report to "
                        "deepspeedai/DeepSpeed with: clipcheck run --nproc 4 --scenario deepspeed_autoep --target "
-                       "deepspeed --variant 'no-expert-rank frozen-dense' --norm-type inf", norms=("Linf",)),
+                       "deepspeed --variant 'no-expert-rank frozen-dense' --norm-type inf",
+                       direct_call("deepspeed.runtime.utils.clip_grad_norm_(..., norm_type=inf) on a rank that holds "
+                                   "no gradient"), norms=("Linf",)),
                Finding("*", "deepspeedai/DeepSpeed #8475 / PR #8478",
-                       "the mean of per-rank norms over ranks owning different experts"),)),
+                       "the mean of per-rank norms over ranks owning different experts",
+                       stock("AutoEP with ZeRO-0, fp32, gradient_clipping set (the seed report's config)")),)),
     Target("deepspeed-engine", clip_engine, "DeepSpeedEngine.clip_fp32_gradients (ZeRO-0, fp32, L2 only)",
            origin="adapter deepspeed", scenarios=("deepspeed_autoep",), requires=DEEPSPEED, dress=dress_engine,
            dtypes=("fp32",), norm_types=(2.0,),
            findings=(
                Finding("*", "deepspeedai/DeepSpeed #8475 / PR #8478",
-                       "the same averaged norm through the engine's fp32 clip"),)),
+                       "the same averaged norm through the engine's fp32 clip",
+                       stock("AutoEP with ZeRO-0, fp32, gradient_clipping set (the seed report's config)")),)),
 )

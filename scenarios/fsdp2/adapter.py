@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.spec.model import parameter_values
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, direct_call
 
 from .scenario import CASE, WORLD, FsdpWrapping
 
@@ -68,5 +68,6 @@ TARGETS = (
            origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress,
            findings=(
                Finding("*mixed meshes*", "pytorch/pytorch #180346",
-                       "torch.stack of norms from two meshes raises"),)),
+                       "torch.stack of norms from two meshes raises",
+                       direct_call("torch.nn.utils.clip_grad_norm_ on a model fully_shard-ed on two meshes")),)),
 )

@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 from harness.run.devices import accelerator_for
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext, context
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as MEGATRON
 from .scenario import MegatronMarks, ParamMarks
@@ -96,5 +96,6 @@ TARGETS = (
            dtypes=("fp32", "bf16"), norm_types=(2.0,),
            findings=(
                Finding("*experts unmarked*", "NVIDIA/Megatron-LM PR #5916 (0.16.1 predates it)",
-                       "grouped-GEMM experts not marked tensor-parallel: the TP-duplicate filter keeps them on TP rank 0 only"),)),
+                       "grouped-GEMM experts not marked tensor-parallel: the TP-duplicate filter keeps them on TP rank 0 only",
+                       stock("--moe-grouped-gemm with TP > 1 and EP > 1 on megatron-core before PR #5916")),)),
 )

@@ -31,7 +31,7 @@ from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
 from harness.spec.layout import MeshSpec
 from harness.spec.model import torch_placements
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, direct_call, synthetic
 
 from .framework import FRAMEWORK as TORCHTITAN
 from .scenario import DENSE, SPARSE, DTensorMeshes
@@ -109,9 +109,12 @@ TARGETS = (
            origin="adapter torchtitan", scenarios=("torchtitan_ep",), requires=TORCHTITAN, dress=dress,
            findings=(
                Finding("*placement lies*", "none for torchtitan: a lying plan (the class of modelscope/mcore-bridge PR #173, NVIDIA-NeMo/Megatron-Bridge PR #5396)",
-                       "torchtitan trusts the DTensor placements; a factor declared Replicate but distinct is counted once"),
+                       "torchtitan trusts the DTensor placements; a factor declared Replicate but distinct is counted once",
+                       synthetic("torchtitan's own parallelize functions place every parameter honestly")),
                Finding("*experts without ep dim*", "ByteDance-Seed/VeOmni PR #185 (experts DTensors without their EP dimension)",
-                       "experts on a mesh without ep: torchtitan raises on the mixed meshes"),)),
+                       "experts on a mesh without ep: torchtitan raises on the mixed meshes",
+                       direct_call("torchtitan's clip_grad_norm_(ep_enabled=True) on experts parallelized by "
+                                   "another framework onto a mesh without an ep dim")),)),
     Target("torchtitan-pp", clip_stages,
            "torchtitan.distributed.utils.clip_grad_norm_ (pp_mesh) on each stage's DTensors",
            origin="adapter torchtitan", scenarios=("pipeline_stages",), requires=TORCHTITAN, dress=dress_stages,

@@ -38,7 +38,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.spec.model import parameter_values
-from harness.targets.target import Finding, Target
+from harness.targets.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as TORCHTUNE
 from .scenario import EMBED, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, TorchtuneParallel
@@ -108,7 +108,10 @@ TARGETS = (
            norm_types=(2.0,),
            findings=(
                Finding("dp=1 *base plan*", "meta-pytorch/torchtune #2420",
-                       "the TP plan leaves the norms plain: foreach over mixed Tensor/DTensor raises"),
+                       "the TP plan leaves the norms plain: foreach over mixed Tensor/DTensor raises",
+                       stock("full_finetune_distributed with tensor_parallel_dim > 1 and clip_grad_norm set")),
                Finding("*tp+fsdp base plan*", "meta-pytorch/torchtune #2420 with FSDP, via pytorch/pytorch #180346",
-                       "the norms become 1-D DTensors on dp next to 2-D (dp, tp) ones: torch.stack of norms from two meshes raises"),)),
+                       "the norms become 1-D DTensors on dp next to 2-D (dp, tp) ones: torch.stack of norms from two meshes raises",
+                       stock("full_finetune_distributed with tensor_parallel_dim > 1, data parallel > 1 and "
+                             "clip_grad_norm set")),)),
 )
