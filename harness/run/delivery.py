@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from harness.run.effects import canonical_nans
 from harness.run.truth_cache import same_bits
 
 Grads = Mapping[str, "torch.Tensor | None"]
@@ -32,10 +33,12 @@ def expected_copies(generated: Grads, device: torch.device) -> dict[str, torch.T
 
 
 def undelivered(expected: Grads, arrived: Grads, limit: int = 4) -> list[str]:
-    """One line per parameter whose arrived gradient is not bit-identical to the expected one (None
+    """One line per parameter whose arrived gradient is not bit-identical to the expected one (NaNs
+    compared as NaNs, whatever their payload; None
     where one was expected, or the reverse; another shape or dtype; other values), at most ``limit``
     named and the rest counted."""
     problems: list[str] = []
+    expected, arrived = canonical_nans(expected), canonical_nans(arrived)  # NaN payloads carry no meaning
     for name, want in expected.items():
         got = arrived.get(name)
         if want is None and got is None:
