@@ -40,3 +40,38 @@ def test_a_torch_finding_inherited_by_several_frameworks_is_filed_once_under_tor
     assert filed.finding["owner"] == "pytorch/pytorch" and filed.rows == 3
     assert {f.split(" (")[1] for f in filed.frameworks} == {"veomni)", "accelerate)", "torch-dtensor)"}
     assert "| pytorch/pytorch | direct-call |" in markdown([], [filed])
+
+
+def test_a_release_recipe_is_the_pinned_one_with_its_version_unless_it_has_its_own():
+    from harness.commands.sweep import pip_lines
+    from harness.targets.frameworks import Framework
+
+    fw = Framework("ds", "ds.utils", "ds", "hint", recipe=("DS_BUILD_OPS=0 pip install --no-build-isolation ds==2.0",
+                                                           "pip install --no-deps other-ds==2.0 ds-extra==1.0"),
+                   releases=("1.0", "2.0", "3.0"),
+                   release_recipes={"3.0": ("pip install --no-deps --ignore-requires-python ds==3.0",
+                                            "pip install triton==3.6.0")})
+    assert fw.pinned == "2.0"
+    assert fw.recipe_for("1.0") == ("DS_BUILD_OPS=0 pip install --no-build-isolation ds==1.0",
+                                    "pip install --no-deps other-ds==2.0 ds-extra==1.0")  # other dists untouched
+    assert pip_lines(fw, "1.0") == [({"DS_BUILD_OPS": "0"}, ["--no-build-isolation", "ds==1.0"]),
+                                    ({}, ["--no-deps", "other-ds==2.0", "ds-extra==1.0"])]
+    assert pip_lines(fw, "3.0")[0] == ({}, ["--no-deps", "--ignore-requires-python", "ds==3.0"])
+
+
+def test_the_sweep_table_says_which_release_has_which_finding():
+    from harness.commands.sweep import ReleaseRun, sweep_table
+    from harness.targets.frameworks import Framework
+
+    fw = Framework("veomni", "json", "veomni", "hint")
+    bad = _case("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts nan", "FAIL", norm="Linf")
+    good = _case("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts", "PASS")
+    odd = _case("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts", "FAIL")
+    table = sweep_table(fw, [ReleaseRun("0.1", records=[bad, good]), ReleaseRun("0.2", records=[good, odd]),
+                             ReleaseRun("0.3", problem="pip install veomni==0.3 failed: no such version")])
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+    assert "| 1 / 1 / 0 / 0 | 1 / 1 / 0 / 0 | not run: pip install veomni==0.3 failed" in rows[
+        "cases: passed / failed / errors / skipped"]
+    (nan_row,) = [line for text, line in rows.items() if "fmaxf" in text]
+    assert nan_row.endswith("| direct-call | 1 | - | - |")
+    assert rows["unexplained FAIL rows"].endswith("| ? | - | 1 | - |")

@@ -265,6 +265,20 @@ def test_html_failing_cell_details_in_dom():
     assert [r["attrs"]["data-target"] for r in meta_rows] == ["broken"]
 
 
+def test_html_a_framework_fail_shows_its_finding_and_who_reaches_it():
+    finding = {"upstream": None, "note": "halves it", "reach": "stock", "how": "the trainer's default config",
+               "owner": None, "repro": "scenarios/fw/repro_half.py", "text": "new finding: halves it"}
+    recs = [case("fw", verdict="FAIL", ratio=0.5, failed=[("norm", "")], framework="fw 1.0", finding=finding),
+            case("fw", layout="dp=2 replicated", verdict="FAIL", ratio=0.5, failed=[("norm", "")],
+                 framework="fw 1.0", finding=dict(finding, reach="synthetic", how="no path", text="synthetic: x"))]
+    dom = _Dom(render_html(recs))
+    (stock_box,) = dom.find(class_="finding", data_reach="stock")
+    assert "new finding: halves it" in _Dom.text(stock_box) and "the trainer's default config" in _Dom.text(stock_box)
+    assert "scenarios/fw/repro_half.py" in _Dom.text(stock_box)
+    (synthetic_box,) = dom.find(class_="finding", data_reach="synthetic")
+    assert "repro_half" not in _Dom.text(synthetic_box)  # nobody reaches it: nothing to file upstream
+
+
 def test_html_escapes_everything_and_is_self_contained():
     recs = sample_records()
     recs.append(case('t"><img src=x onerror=alert(1)>', layout="<b>bold</b> & 'quoted'", verdict="FAIL", ratio=0.5,

@@ -11,16 +11,17 @@ rows show it, and its standalone reproduction.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable
 
 from harness.judge.records import CaseRecord, FindingRecord, Record, case_records
-from harness.targets.target import Finding, finding_for
+from harness.targets.target import Finding, finding_for, synthetic
 
 UNEXPLAINED = "unexplained: no recorded finding matches (look at it, then report it or record it)"
 
 
-def _findings() -> dict[str, tuple[Finding, ...]]:
+def registered_findings() -> dict[str, tuple[Finding, ...]]:
     from harness.targets.registry import registered_targets
 
     return {name: target.findings for name, target in registered_targets().items()}
@@ -29,11 +30,13 @@ def _findings() -> dict[str, tuple[Finding, ...]]:
 def finding_record(rec: CaseRecord, findings: dict[str, tuple[Finding, ...]]) -> FindingRecord | None:
     """The finding a FAIL or ERROR record matches: the one it carries, or (a file written before
     records carried one) the target's matching finding as registered now."""
-    if rec["verdict"] not in ("FAIL", "ERROR"):
+    if rec["verdict"] != "FAIL":
         return None
     if rec.get("finding"):
         return rec["finding"]
     found = finding_for(findings.get(rec["target"], ()), rec["layout"], rec["norm"])
+    if found is not None and rec.get("synthetic"):
+        found = dataclasses.replace(found, reach=synthetic(rec["synthetic"] or ""))
     return found.record() if found is not None else None
 
 
@@ -52,7 +55,7 @@ def _reach(rec: CaseRecord, finding: FindingRecord | None) -> str:
         return finding["reach"]
     if rec.get("synthetic"):
         return "synthetic"
-    return "-" if rec["verdict"] not in ("FAIL", "ERROR") else "?"
+    return "?" if rec["verdict"] == "FAIL" else "-"
 
 
 HEAD = ["framework", "target", "scenario", "layout", "norm", "dtype", "world", "verdict", "ratio", "reach",
@@ -60,7 +63,7 @@ HEAD = ["framework", "target", "scenario", "layout", "norm", "dtype", "world", "
 
 
 def compat_rows(records: Iterable[Record]) -> list[list[str]]:
-    findings = _findings()
+    findings = registered_findings()
     rows = []
     for rec in case_records(records):
         if not rec.get("framework") and rec["verdict"] != "SKIP":
@@ -70,7 +73,9 @@ def compat_rows(records: Iterable[Record]) -> list[list[str]]:
         framework = rec.get("framework") or f"{rec['target']} (not installed)"
         finding = finding_record(rec, findings)
         explained = finding["text"] if finding is not None else (
-            UNEXPLAINED if rec["verdict"] in ("FAIL", "ERROR") else "-")
+            UNEXPLAINED if rec["verdict"] == "FAIL" else "-")
+        if rec["verdict"] == "ERROR":
+            explained = "not judged: " + ", ".join(n for n, c in rec["checks"].items() if not c["passed"])
         if rec["verdict"] == "SKIP" and rec.get("framework"):
             explained = f"skipped: {rec.get('skip_reason')}"
         rows.append([framework, rec["target"], rec["scenario"], rec["layout"], rec["norm"], rec["dtype"],
@@ -92,7 +97,7 @@ def filed_findings(records: Iterable[Record]) -> list[FiledFinding]:
     """Each distinct finding once (by owner, upstream report and mechanism), with the frameworks,
     targets and layouts whose FAIL rows show it: a torch mechanism that several frameworks inherit
     is one entry, under torch."""
-    findings = _findings()
+    findings = registered_findings()
     filed: dict[tuple[str | None, str | None, str, str], FiledFinding] = {}
     for rec in case_records(records):
         finding = finding_record(rec, findings) if rec.get("framework") else None

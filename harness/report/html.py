@@ -379,6 +379,17 @@ def _render_case(rec: dict[str, Any]) -> str:
             + "</div>")
     if verdict == "SKIP" and rec.get("skip_reason"):
         out.append(f'<p class="skip-reason">skipped: {_e(rec["skip_reason"])}</p>')
+    finding = rec.get("finding")
+    if verdict == "FAIL" and isinstance(finding, dict):
+        repro = finding.get("repro") if finding.get("reach") != "synthetic" else None
+        out.append(f'<div class="finding" data-reach="{_e(_text(finding.get("reach")))}"><h5>finding '
+                   f'<span class="reach">{_e(_text(finding.get("reach")))}</span></h5>'
+                   f'<p>{_e(_text(finding.get("text")))}</p>'
+                   f'<p class="quiet">who reaches it: {_e(_text(finding.get("how")))}</p>'
+                   + (f'<p class="quiet">reproduce without clipcheck: <code>{_e(_text(repro))}</code></p>'
+                      if repro else "") + "</div>")
+    elif verdict == "FAIL" and rec.get("synthetic"):
+        out.append(f'<p class="quiet">synthetic layout (no known path reaches it: {_e(_text(rec["synthetic"]))})</p>')
     replay = rec.get("replay")
     if isinstance(replay, str) and replay.strip():
         out.append('<div class="replay"><h5>replay <button type="button" class="copy" '
@@ -713,6 +724,7 @@ button.copy{font:inherit;font-size:10.5px;text-transform:none;letter-spacing:0;b
 background:#fff;border-radius:5px;padding:0 6px;cursor:pointer}
 .quiet{color:var(--muted);font-size:12.5px;margin:4px 0 0}
 .skip-reason{color:#475467;font-size:13px;margin:6px 0 0}
+.finding{margin:8px 0 0;padding:6px 8px;border-left:3px solid #b54708;background:#fffaeb}.finding p{margin:2px 0}.finding .reach{font-weight:600;text-transform:uppercase;font-size:11px;color:#b54708}
 """
 
 _JS = """

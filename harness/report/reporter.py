@@ -11,6 +11,7 @@ Non-finite numbers are written as the strings "nan", "inf", "-inf" to keep every
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import IO, Any, Iterable, Mapping
@@ -22,7 +23,7 @@ from harness.report.junit import write_junit
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record
 from harness.judge.verdicts import count
-from harness.targets.target import Finding, Target, finding_for
+from harness.targets.target import Finding, Target, finding_for, synthetic
 
 
 def _num(x: float | None) -> Any:
@@ -42,11 +43,14 @@ def _fmt(x: float | None, width: int = 12) -> str:
 
 
 def finding_of(result: CaseResult, target: Target | None) -> Finding | None:
-    """The finding a framework adapter's FAIL or ERROR matches (None for a pass, a skip, an unexplained
-    failure, or a target of the harness's own)."""
-    if target is None or result.verdict not in ("FAIL", "ERROR"):
+    """The finding a framework adapter's FAIL matches (None for any other verdict, an unexplained
+    failure, or a target of the harness's own). On a synthetic layout nobody reaches it, whatever
+    the finding says of the layouts users do reach."""
+    if target is None or result.verdict != "FAIL":
         return None
-    return finding_for(target.findings, result.case.variant.label, result.case.norm_label)
+    found = finding_for(target.findings, result.case.variant.label, result.case.norm_label)
+    why = result.case.variant.synthetic
+    return dataclasses.replace(found, reach=synthetic(why)) if found is not None and why else found
 
 
 def case_json(result: CaseResult, world_size: int, backend: str, target: Target | None = None) -> CaseRecord:
@@ -93,19 +97,19 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
 
 
 def finding_lines(record: CaseRecord) -> list[str]:
-    """What a framework adapter's failing case is, for a person: the finding and who reaches it, its
-    standalone reproduction; a synthetic layout says so."""
-    lines = []
+    """What a framework adapter's failing case is, for a person: the finding and who reaches it, and
+    its standalone reproduction where someone does; a failure on a synthetic layout says so."""
+    if record["verdict"] != "FAIL":
+        return []
     finding = record.get("finding")
     if finding is not None:
-        lines.append(f"finding [{finding['reach']}: {finding['how']}]: {finding['text']}")
-        if finding.get("repro"):
+        lines = [f"finding [{finding['reach']}: {finding['how']}]: {finding['text']}"]
+        if finding.get("repro") and finding["reach"] != "synthetic":
             lines.append(f"reproduce without clipcheck: {finding['repro']}")
-    elif record["verdict"] in ("FAIL", "ERROR") and record.get("framework"):
-        lines.append("finding: unexplained (no recorded finding matches this layout)")
-    if record.get("synthetic") and record["verdict"] in ("FAIL", "ERROR"):
-        lines.append(f"synthetic layout (no known path reaches it: {record['synthetic']})")
-    return lines
+        return lines
+    if record.get("synthetic"):
+        return [f"synthetic layout (no known path reaches it: {record['synthetic']})"]
+    return ["finding: unexplained (no recorded finding matches this layout)"] if record.get("framework") else []
 
 
 def metamorphic_json(group: MetamorphicResult, backend: str) -> MetamorphicRecord:

@@ -11,9 +11,10 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,38 @@ class Framework:
     """Shell lines (``pip install ...``) that install it on CPU next to the installed torch, pinned;
     ``.ci/install-frameworks`` runs them with torch held at its installed version. Empty when it is
     not on the package index (the install hint says what to do)."""
+    releases: tuple[str, ...] = ()
+    """The releases known to install here and run the adapter, oldest first (the pinned one among
+    them): what ``clipcheck compat --sweep`` runs by default."""
+    release_recipes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Whole recipes for releases that need more than the pinned recipe with another version (an
+    undeclared dependency, ``--ignore-requires-python``)."""
+
+    @property
+    def pinned(self) -> str | None:
+        """The version the recipe pins (``dist==X`` in its lines), or None without a recipe."""
+        if self.distribution is None:
+            return None
+        for line in self.recipe:
+            match = self._pin_pattern().search(line)
+            if match:
+                return match.group(1)
+        return None
+
+    def recipe_for(self, release: str) -> tuple[str, ...]:
+        """The install lines of ``release``: its own recipe if it has one, else the pinned recipe with
+        the pinned version replaced by ``release``."""
+        if release in self.release_recipes:
+            return tuple(self.release_recipes[release])
+        pinned = self.pinned
+        if pinned is None or self.distribution is None:
+            raise ValueError(f"{self.name} has no pinned recipe to derive release {release}'s from")
+        return tuple(self._pin_pattern().sub(f"{self.distribution}=={release}", line) for line in self.recipe)
+
+    def _pin_pattern(self) -> re.Pattern[str]:
+        """``dist==X`` as a whole word (``other-dist==X`` is another distribution)."""
+        assert self.distribution is not None
+        return re.compile(rf"(?<![\w.-]){re.escape(self.distribution)}==([\w.+-]+)")
 
     def unavailable(self) -> str | None:
         """None when usable here, otherwise why not (with the install hint).
