@@ -138,3 +138,49 @@ def unwaited_collective_on_rank0(model, *, max_norm, norm_type=2.0):
         dist.all_reduce(torch.ones(1, device=local_tensor(trainable_with_grads(model)[0][1].grad).device),
                         async_op=True)
     return total
+
+
+# -- faults beyond the gradients' values (issue 29 item 3, issue 30 items 2-3) -------------------------------
+def zero_fills_missing_grads(model, *, max_norm, norm_type=2.0):
+    """created: clips right, then gives every parameter without a gradient (frozen, or an expert that got
+    no tokens) a zero one, as a framework that zero-fills before its optimizer step would."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return total
+
+
+def restores_from_a_thread(model, *, max_norm, norm_type=2.0):
+    """late: clips right, then a thread it leaves behind puts the unscaled gradients back 50 ms later."""
+    import threading
+    import time
+
+    saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+
+    def restore():
+        time.sleep(0.05)
+        for grad, before in saved:
+            grad.copy_(before)
+
+    threading.Thread(target=restore, name="restores-gradients").start()
+    return total
+
+
+def freezes_params(model, *, max_norm, norm_type=2.0):
+    """params: clips right, then sets requires_grad=False on every parameter (training silently stops)."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return total
+
+
+def swaps_dtensor_grad_data(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then swaps each DTensor gradient's ``.data`` for a float64 tensor of another
+    shape: the wrapper now says float64 and (19,), the local shard is what it was."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        if p.grad is not None and hasattr(p.grad, "to_local"):
+            p.grad.data = torch.zeros(19, dtype=torch.float64)
+    return total

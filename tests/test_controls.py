@@ -18,11 +18,12 @@ pytestmark = pytest.mark.distributed
 ESCAPED = ["mutant-scales-up", "mutant-empty-rank-zero", "mutant-fp32-copy", "mutant-nan-max-dropped",
            "mutant-weights-misaligned"]
 SCENARIOS = "dense_dp,deepspeed_autoep"
+DTYPES = "fp32,bf16,fp16,fp64"  # every dtype the CLI accepts: no tolerance goes untested on the correct clips
 
 
 @pytest.fixture(scope="module")
 def controls(tmp_path_factory):
-    return run_clipcheck(2, ["--scenario", SCENARIOS, "--target", ",".join(CORRECT + ESCAPED)],
+    return run_clipcheck(2, ["--scenario", SCENARIOS, "--target", ",".join(CORRECT + ESCAPED), "--dtype", DTYPES],
                          tmp_path_factory.mktemp("judge-controls"), timeout=600)
 
 

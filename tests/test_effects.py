@@ -19,9 +19,9 @@ def test_each_parameter_gets_its_own_factor_and_a_uniform_one_has_no_residual():
     post = {"a": pre["a"] * 0.25, "b": pre["b"] * -3.0, "c": pre["c"]}  # type: ignore[operator]
     scale = applied_coefficients(pre, post)["scale"]
     assert set(scale) == {"a", "b", "c"}
-    for name, factor in (("a", 0.25), ("b", -3.0), ("c", 1.0)):
-        c, residual = scale[name]
-        assert math.isclose(c, factor, rel_tol=1e-12) and residual < 1e-12, (name, scale[name])
+    for name, factor, elements in (("a", 0.25, 3), ("b", -3.0, 1), ("c", 1.0, 2)):
+        c, residual, n = scale[name]
+        assert math.isclose(c, factor, rel_tol=1e-12) and residual < 1e-12 and n == elements, (name, scale[name])
 
 
 def test_a_non_uniform_scaling_shows_in_the_residual_of_that_parameter_only():

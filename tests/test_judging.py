@@ -116,6 +116,7 @@ def rank_record(case, rank, reported, transform, error=None, fault=None, params_
     _, local = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
     local["stale_truth"] = False
     local["undelivered"] = []
+    local["late"] = []
     return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
 
 
@@ -150,8 +151,8 @@ def test_correct_records_pass_every_check():
     truth, scale = correct(case)
     result, _ = judge(case, [truth, truth], scale)
     assert result.verdict == "PASS" and not result.failed
-    assert {c.name for c in result.checks} == {"truth", "contract", "params", "norm", "agree", "coefficient",
-                                               "replicas"}
+    assert {c.name for c in result.checks} == {"truth", "contract", "params", "created", "late", "norm", "agree",
+                                               "coefficient", "replicas"}
 
 
 def test_norm_check_fails_on_a_wrong_value():
@@ -333,6 +334,27 @@ def _truth_control():
     return evaluate(case, truth, truth * 1.01, stats, rep, rep, records)
 
 
+def _created_control():
+    """A rank whose None gradient came back as zeros (a frozen parameter or an expert without tokens)."""
+    case = partial_case(nonfinite=())
+    truth, scale = correct(case)
+    records = [rank_record(case, r, truth, scale) for r in range(3)]
+    records[1]["local"]["created"] = ["b"]  # b lives on rank 0 only
+    stats = simulated_stats(case.layout, case.injection, case.norm_type)
+    rep = true_replication(case.layout)
+    return evaluate(case, truth, truth, stats, rep, rep, records)
+
+
+def _late_control():
+    case = dense_case()
+    truth, scale = correct(case)
+    records = [rank_record(case, r, truth, scale) for r in range(2)]
+    records[0]["local"]["late"] = ["gradient a"]
+    stats = simulated_stats(case.layout, case.injection, 2.0)
+    rep = true_replication(case.layout)
+    return evaluate(case, truth, truth, stats, rep, rep, records)
+
+
 def _with_correct(build):
     case = dense_case()
     truth, scale = correct(case)
@@ -344,6 +366,8 @@ CONTROLS = {
     "raised": lambda: _with_correct(lambda c, t, s: judge(c, [None, t], s, errors=("ValueError: boom", None))),
     "contract": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], lambda r, n, g: None if n == "b" else s(r, n, g))),
     "params": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], s, params_changed=(("a",), ()))),
+    "created": lambda: _created_control(),
+    "late": lambda: _late_control(),
     "norm": lambda: _with_correct(lambda c, t, s: judge(c, [t * 0.5, t * 0.5], s)),
     "agree": lambda: _with_correct(lambda c, t, s: judge(c, [t, math.nextafter(t, 0.0)], s)),
     "coefficient": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], lambda r, n, g: g)),
@@ -408,3 +432,38 @@ def test_each_check_reads_only_the_rank_local_data_it_declares(spec):
         assert seen <= set(spec.reads), (spec.name, seen - set(spec.reads))
     produced = set().union(*(rec["local"] for _, records, _ in _judgements() for rec in records))
     assert set(spec.reads) <= produced
+
+
+# -- tolerances derived from the arithmetic -------------------------------------------------------------
+def test_the_uniformity_bound_grows_with_the_fit_at_fp64_and_stays_tight_elsewhere():
+    from harness.judge.tolerance import UNIT_ROUNDOFF, uniformity_bound
+
+    # a correct fp64 clip over 4096 elements: the float64 fit alone is off by a few dozen ulps
+    assert uniformity_bound("fp64", 4096) > 50 * UNIT_ROUNDOFF["fp64"]
+    assert uniformity_bound("fp64", 4096) < 1e-11  # a 1.5x slip of one element is still far outside
+    for dtype in ("fp32", "bf16", "fp16"):
+        assert uniformity_bound(dtype, 4096) <= 17 * UNIT_ROUNDOFF[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["fp64", "fp32", "fp16", "bf16"])
+def test_a_correctly_clipped_large_gradient_passes_at_every_dtype_and_a_slipped_one_fails(dtype):
+    from harness.spec.injection import DTYPES
+
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (64, 64), dp=Shard(0)), param("b", (4096,))))
+    case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=5, dtype=dtype),
+                                       declared_from_layout(layout)), "t", 2.0, 0.5)
+    truth = constructive_norm(layout, case.injection, 2.0)
+    c = clip_coefficient(case.max_norm, truth)
+    torch_dtype = DTYPES[dtype]
+    coef = torch.tensor(c, dtype=torch.float32 if dtype in ("fp16", "bf16") else torch_dtype)
+    scaled = lambda r, n, g: (g.to(coef.dtype) * coef).to(torch_dtype)  # noqa: E731 - torch's way
+    result, _ = judge(case, [truth, truth], scaled)
+    assert result.verdict == "PASS", [(x.name, x.detail) for x in result.failed]
+
+    def slipped(r, n, g):
+        g = scaled(r, n, g)
+        g.view(-1)[7] *= 1.25  # a slip well outside even bf16's rounding
+        return g
+
+    result, _ = judge(case, [truth, truth], slipped)
+    assert "coefficient" in failed(result) and "non-uniformly" in result.failed[0].detail

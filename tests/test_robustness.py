@@ -86,6 +86,29 @@ def test_destroying_the_default_group_is_blamed_on_the_target_that_did_it(faults
     assert "default process group" in case["checks"]["contract"]["detail"]
 
 
+BEYOND_VALUES = {  # fault -> (the layouts where it shows, the check it must fail)
+    "zero_fills_missing_grads": ("deepspeed_autoep", "expert-no-grad"),
+    "restores_from_a_thread": ("dense_dp", "fsdp dtensor"),  # finite: with a NaN, "leave" is a valid policy
+    "freezes_params": ("dense_dp", "fsdp"),
+    "swaps_dtensor_grad_data": ("dense_dp", "fsdp dtensor"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEYOND_VALUES))
+def test_a_fault_beyond_the_gradients_values_fails_its_check_and_the_next_case_passes(tmp_path, name):
+    scenario, variant = BEYOND_VALUES[name]
+    run = run_clipcheck(2, ["--scenario", scenario, "--variant", variant, "--dtype", "fp32", "--norm-type", "2",
+                            "--clip-ratio", "0.5", "--target", f"{BROKEN}:{name},reference"], tmp_path, timeout=240)
+    faulty = run.cases(target=f"{BROKEN}:{name}")
+    assert faulty and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in faulty), \
+        [(c["layout"], c["checks"]) for c in faulty]
+    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference")), run.stdout
+    if name == "restores_from_a_thread":
+        assert "changed after the clip returned" in faulty[0]["checks"]["late"]["detail"]
+    if name == "swaps_dtensor_grad_data":
+        assert "DTensor wrapper says (19,) float64" in faulty[0]["checks"]["contract"]["detail"]
+
+
 @pytest.mark.parametrize("name, check, rank", [
     ("hang_on_rank1", "hang", 1),
     ("new_group_on_rank1", "hang", 1),

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness.spec.case import CaseSpec
 
-from harness.judge.checks import NORM_RTOL
 
 if TYPE_CHECKING:
     from harness.judge.checks import CaseResult
@@ -120,17 +119,17 @@ def additivity_note(full: CaseResult, subs: Sequence[CaseResult], rank: int = 0)
             " the clip is not linear in them, each weight holds for its group alone")
 
 
-def blame_tolerance(dtype: str) -> float:
-    """How close a weight must be to 1 (or 1/k, k) to be read as exact: a norm^2 carries twice the
-    norm's relative error, and the group's true norm its own."""
-    return 4 * NORM_RTOL[dtype]
+def blame_tolerance(norm_tolerance: float) -> float:
+    """How close a weight must be to 1 (or 1/k, k) to be read as exact, given the case's norm
+    tolerance: a norm^2 carries twice the norm's relative error, and the group's true norm its own."""
+    return 4 * norm_tolerance
 
 
 def blame_lines(result: CaseResult) -> list[str]:
     """What the table, JUnit and fuzz print for a blamed case: one line per group, then the note."""
     if not result.blame:
         return []
-    tolerance = blame_tolerance(result.case.injection.dtype)
+    tolerance = blame_tolerance(result.tolerance)
     whose = [f"weights as rank {result.blame_rank} reports them (the rank farthest from the true norm)"] \
         if result.blame_rank else []
     return whose + [g.line(tolerance) for g in result.blame] + ([result.blame_note] if result.blame_note else [])

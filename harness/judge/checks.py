@@ -10,7 +10,9 @@ Each check answers one question a user would ask of a clip function:
 * ``replicas``     are true replicas still bit-identical after clipping?
 * ``contract``     no harness-detected fault: the return value is a number or a tensor, the default
                    process group survived, no gradient was deleted or replaced by another shape/dtype.
-* ``params``       are the parameters themselves untouched?
+* ``params``       are the parameters themselves untouched (values, ``requires_grad``)?
+* ``created``      did no gradient appear where there was none (frozen, or no tokens)?
+* ``late``         does nothing change after the clip returned (threads it left behind)?
 * ``nonfinite``    with a non-finite gradient, did every rank take the same deliberate action?
 
 Each check is a ``CheckSpec`` in ``CHECKS``: its name, a small function of a ``Judgement`` (the case
@@ -33,25 +35,17 @@ from harness.run.measure import Replication, StatsTable
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.records import Verdict
 from harness.judge.signatures import Evidence, explain
+from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
 
 if TYPE_CHECKING:
     from harness.judge.blame import GroupWeight
 
-NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
-"""Relative tolerance on a reported norm: what a correct implementation computing in that dtype
-can be off by (bf16/fp16 targets often accumulate per-tensor norms in the low-precision type)."""
-
-UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
-
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
 
 
-def tolerance(dtype: str) -> float:
-    return NORM_RTOL[dtype]
-
-
-def coefficient_tolerance(dtype: str) -> float:
-    return NORM_RTOL[dtype] + 8 * UNIT_ROUNDOFF[dtype]
+def tolerance(dtype: str, elements: int = 1) -> float:
+    """The relative tolerance on a norm computed over ``elements`` (``harness.judge.tolerance``)."""
+    return norm_rtol(dtype, elements)
 
 
 # -- on rank 0 -----------------------------------------------------------------------------------------
@@ -83,6 +77,8 @@ class CaseResult:
     blame_note: str = ""
     blame_rank: int = 0
     """The rank whose reports the blame weighs."""
+    tolerance: float = 0.0
+    """The relative tolerance its norm was judged with (``harness.judge.tolerance``): 0 when unjudged."""
     """Why the weights do not add up to the full case, when they do not."""
 
     @property
@@ -201,6 +197,11 @@ class Judgement:
         return self.case.injection.dtype
 
     @property
+    def elements(self) -> int:
+        """Gradient elements every rank holds, summed: what a clip's norm is computed over (at most)."""
+        return sum(n for per_rank in self.stats.numel for n in per_rank if n > 0)
+
+    @property
     def finite_truth(self) -> bool:
         return math.isfinite(self.truth)
 
@@ -293,8 +294,39 @@ def judge_contract(j: Judgement) -> Outcome:
     return not problems, "; ".join(problems[:4]) + more
 
 
+def judge_created(j: Judgement) -> Outcome:
+    """No gradient appears where there was none: a frozen parameter, or an expert that got no tokens,
+    keeps ``None`` (a zero gradient there changes what the optimizer does: weight decay, moments)."""
+    created = [f"rank {r}: {', '.join(rec['local']['created'][:3])}"
+               for r, rec in enumerate(j.records) if rec["error"] is None and rec["local"]["created"]]
+    return not created, "" if not created else (
+        "gradients appeared where there were none (frozen or without a gradient before the call): "
+        + "; ".join(created[:4]))
+
+
+def judge_late(j: Judgement) -> Outcome:
+    """Nothing changes after the clip has returned (a thread it started restoring the gradients, say):
+    the model as measured right after the call is the model once the threads it started have
+    finished, and again before the next case."""
+    late = [f"rank {r}: {', '.join(rec['local']['late'])}" for r, rec in enumerate(j.records) if rec["local"]["late"]]
+    return not late, "" if not late else "changed after the clip returned: " + "; ".join(late[:4])
+
+
+def amend_late(result: CaseResult, changes: Sequence[Sequence[str]]) -> CaseResult:
+    """``result`` with what each rank saw change once more, before the next case (``changes`` by
+    rank): a late change fails the ``late`` check, and a passing case with it."""
+    late = [f"rank {r}: {', '.join(c)}" for r, c in enumerate(changes) if c]
+    if not late or result.verdict == "SKIP" or any(c.name == "late" and not c.passed for c in result.checks):
+        return result  # nothing new, or the case's own check already named it
+    detail = "changed after the clip returned (seen before the next case): " + "; ".join(late[:4])
+    result.checks = [c for c in result.checks if c.name != "late"] + [Check("late", False, detail)]
+    if result.verdict == "PASS":
+        result.verdict = "FAIL"
+    return result
+
+
 def judge_params(j: Judgement) -> Outcome:
-    """A clip function must leave the parameters themselves untouched."""
+    """A clip function must leave the parameters themselves untouched: values and ``requires_grad``."""
     changed = [f"rank {r}: {', '.join(rec['local']['params_changed'][:3])}"
                for r, rec in enumerate(j.records) if rec["local"]["params_changed"]]
     return not changed, "" if not changed else "parameters changed: " + "; ".join(changed[:4])
@@ -305,7 +337,7 @@ def judge_norm(j: Judgement) -> Outcome:
     if not j.finite_truth or j.raised:
         return None
     reported, truth = j.reported, j.truth
-    rtol = tolerance(j.dtype)
+    rtol = tolerance(j.dtype, j.elements)
     bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
     if not bad:
         return True, ""
@@ -345,12 +377,12 @@ def judge_coefficient(j: Judgement) -> Outcome:
     if not j.finite_truth or j.raised:
         return None
     expected = expected_coefficient(j)
-    ctol = coefficient_tolerance(j.dtype)
     worst: tuple[float, str] | None = None
     for r, rec in enumerate(j.records):
-        for name, (c, residual) in rec["local"]["scale"].items():
+        for name, (c, residual, elements) in rec["local"]["scale"].items():
             off = abs(c - expected) / expected
-            uniform = residual <= 8 * UNIT_ROUNDOFF[j.dtype]
+            ctol = coefficient_rtol(j.dtype, elements, j.elements)
+            uniform = residual <= uniformity_bound(j.dtype, elements)
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
                 worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
@@ -405,6 +437,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("raised", judge_raised),
     CheckSpec("contract", judge_contract, reads=("mangled", "vanished")),
     CheckSpec("params", judge_params, reads=("params_changed",)),
+    CheckSpec("created", judge_created, reads=("created",)),
+    CheckSpec("late", judge_late, reads=("late",)),
     CheckSpec("norm", judge_norm),
     CheckSpec("agree", judge_agree),
     CheckSpec("coefficient", judge_coefficient, reads=("scale",)),
@@ -431,11 +465,11 @@ def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[
         unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
     )
-    return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype))
+    return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype, j.elements))
 
 
 def _median_coefficient(records: Sequence[Mapping[str, Any]]) -> float | None:
-    values = sorted(c for rec in records for c, _ in rec["local"]["scale"].values())
+    values = sorted(entry[0] for rec in records for entry in rec["local"]["scale"].values())
     return values[len(values) // 2] if values else None
 
 
@@ -471,6 +505,7 @@ def evaluate(
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,
+        tolerance=tolerance(j.dtype, j.elements),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from harness.judge.checks import coefficient_tolerance, tolerance
+from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol
 from harness.judge.truth import norms_agree
 from harness.spec.case import bound_label
 
@@ -27,6 +27,8 @@ class MetamorphicResult:
     coefficients: dict[str, float]
     norms: dict[str, float]
     bound: str = ""  # the bound label ("x0.5": a ratio of the true norm, or an absolute max_norm)
+    rtol: float = 0.0
+    """The largest norm tolerance of the group's cases (each derived from its dtype and elements)."""
 
     @property
     def gap(self) -> float:
@@ -35,9 +37,11 @@ class MetamorphicResult:
 
     @property
     def passed(self) -> bool:
-        coefficient_ok = self.gap <= coefficient_tolerance(self.dtype) * max(self.coefficients.values())
+        rtol = max(self.rtol, norm_rtol(self.dtype))
+        # two coefficients, each within its norm's error and one rounding of the coefficient of the truth
+        coefficient_ok = self.gap <= 2 * (rtol + 2 * UNIT_ROUNDOFF[self.dtype]) * max(self.coefficients.values())
         norms = list(self.norms.values())
-        norm_ok = all(norms_agree(n, norms[0], tolerance(self.dtype)) for n in norms)
+        norm_ok = all(norms_agree(n, norms[0], 2 * rtol) for n in norms)
         return coefficient_ok and norm_ok
 
 
@@ -55,5 +59,6 @@ def metamorphic_groups(records: Iterable[Mapping[str, Any]]) -> list[Metamorphic
                                                          r["dtype"], {}, {}, bound_label(r.get("clip_ratio"),
                                                                                          r["max_norm"])))
         group.coefficients[r["layout"]] = r["coefficient"]
+        group.rtol = max(group.rtol, float(r.get("tolerance") or 0.0))
         group.norms[r["layout"]] = reported
     return [g for g in groups.values() if len(g.coefficients) >= 2]

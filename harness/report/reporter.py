@@ -18,7 +18,8 @@ from typing import IO, Any, Iterable, Mapping
 
 from harness.spec.case import bound_label
 from harness.judge.blame import blame_lines, blame_tolerance
-from harness.judge.checks import NORM_RTOL, CaseResult
+from harness.judge.checks import CaseResult
+from harness.judge.tolerance import NORM_RTOL
 from harness.report.junit import write_junit
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record
@@ -77,7 +78,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "measured_true_norm": _num(result.measured_truth),
         "reported": [_num(v) for v in result.reported],
         "ratio": _num(result.ratio),
-        "tolerance": NORM_RTOL[case.injection.dtype],
+        "tolerance": result.tolerance or NORM_RTOL[case.injection.dtype],
         "coefficient": _num(result.coefficient),
         "checks": {c.name: {"passed": c.passed, "detail": c.detail} for c in result.checks},
         "signature": result.signature,
@@ -88,7 +89,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "skip_reason": case.skip,
         "seconds": result.seconds,
         "blame": [{"group": g.group, "params": g.params, "weight": _num(g.weight), "note": g.note,
-                   "line": g.line(blame_tolerance(case.injection.dtype))} for g in result.blame],
+                   "line": g.line(blame_tolerance(result.tolerance))} for g in result.blame],
         "blame_note": result.blame_note,
         "blame_rank": result.blame_rank,
         "finding": finding.record() if finding is not None else None,
@@ -158,7 +159,7 @@ class Reporter:
     def header(self, n_cases: int, notes: Iterable[str]) -> None:
         tol = ", ".join(f"{k} {v:g}" for k, v in NORM_RTOL.items())
         self._print(f"clipcheck: {n_cases} cases on {self.world_size} rank(s), backend {self.backend}; "
-                    f"norm tolerance (relative) {tol}")
+                    f"norm tolerance (relative, at least) {tol}")
         for note in notes:
             self._print(f"note: {note}")
         self._print(f"{'scenario':<17} {'layout':<52} {'target':<25} {'norm':<5} {'dtype':<5} {'bound':<7} "

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
+from harness.run.aftermath import ModelState
 from harness.run.measure import bit_words
 
 Grads = Mapping[str, "torch.Tensor | None"]
@@ -112,7 +113,7 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
 def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
-    Returns ``{"scale": {name: [c, residual]}, "vanished": [...]}``;
+    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...]}``;
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
     Parameters with a non-finite value before or after, or an all-zero gradient, get no factor.
@@ -146,7 +147,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
             continue
         c = dot / denom
         top = float(a_j.abs().max()) * max(abs(c), 1e-300)
-        scale[name] = [c, float((b_j - c * a_j).abs().max()) / top]
+        scale[name] = [c, float((b_j - c * a_j).abs().max()) / top, a_j.numel()]
     return {"scale": scale, "vanished": vanished}
 
 
@@ -161,21 +162,32 @@ def rank_effects(
     params_before: Mapping[str, torch.Tensor],
     params_after: Mapping[str, torch.Tensor],
     nonfinite: bool,
+    state_before: ModelState | None = None,
+    state_after: ModelState | None = None,
 ) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
     """Everything this rank measured about the call, as the judge's checks read it (their ``reads``).
 
     Returns the sanitized post-call gradients (for the replication round) and the rank's ``local``
-    record: ``scale`` and ``vanished`` (applied coefficients), ``mangled``, ``params_changed`` and,
-    in a case with a non-finite gradient, ``policies``. One function, so the runner and the judge's
-    unit tests build the same record.
+    record: ``scale`` and ``vanished`` (applied coefficients), ``mangled`` (with DTensor gradients whose
+    wrapper changed), ``created`` (gradients where there were none: a frozen parameter, an expert that
+    got no tokens), ``params_changed`` (values, and ``requires_grad`` flags) and, in a case with a
+    non-finite gradient, ``policies``. One function, so the runner and the judge's unit tests build the
+    same record.
     """
     post, mangled = sanitize(pre, after)
+    if state_before is not None and state_after is not None:
+        for name, why in state_before.wrapper_changes(state_after).items():
+            mangled.setdefault(name, why)
+            post[name] = None
     if nonfinite:
         post = canonical_nans(post)
     local = applied_coefficients(pre, post)
     local["vanished"] = [n for n in local["vanished"] if n not in mangled]
     local["mangled"] = mangled
-    local["params_changed"] = changed_params(params_before, params_after)
+    local["created"] = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    changed = changed_params(params_before, params_after)
+    flags = state_before.flag_changes(state_after) if state_before is not None and state_after is not None else {}
+    local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
     if nonfinite:
         local["policies"] = consistent_policies(pre, post)
     return post, local

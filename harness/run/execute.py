@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from harness.spec.case import CaseSpec
-from harness.judge.checks import CaseResult, unjudged_result
+from harness.judge.checks import CaseResult, amend_late, unjudged_result
 from harness.spec.plan import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
@@ -83,6 +83,7 @@ class Executor:
         self.progress = progress
         self.cases = [c for c in plan.cases if c.index >= start_at]
         self.results: list[CaseResult] = []
+        self.pending: CaseResult | None = None  # judged, reported once its model is checked again
         self.current: CaseSpec | None = None
         self._ended = threading.Lock()
         self._reporting = threading.Lock()  # the main thread and a watcher thread both write records
@@ -93,15 +94,14 @@ class Executor:
         watcher = SigtermWatcher(self._rank0_stopped) if self.world.rank == 0 else None
         try:
             for case in self.cases:
+                self._report_pending()  # the previous case, once its model is checked again
                 self.current = case
                 result = run_case_with_blame(self.world, case, self.plan.scenarios[case.scenario],
                                              self.plan.targets[case.target], self.blame)
-                if self.reporter is not None and result is not None:
-                    with self._reporting:
-                        self.progress.clear()
-                        self.reporter.case(result)
-                        self.results.append(result)
+                with self._reporting:
+                    self.pending = result
                 self.progress.advance(f"{case.scenario} {case.target}")
+            self._report_pending()
             self.current = None
             self.progress.finish()
             return self._finish()
@@ -112,6 +112,20 @@ class Executor:
         finally:
             if watcher is not None:
                 watcher.close()
+
+    def _report_pending(self) -> None:
+        """Check the last case's model once more on every rank (``aftermath.LateWatch``: a change that
+        came after its own exchanges), then rank 0 reports that case: a few milliseconds after it ended,
+        before the next one starts."""
+        watch, self.world.late_watch = self.world.late_watch, None
+        changes = self.world.allgather_json("late", watch.changes() if watch is not None else [],
+                                            self.world.exchange_deadline_s)
+        with self._reporting:
+            result, self.pending = self.pending, None
+            if self.reporter is not None and result is not None:
+                self.progress.clear()
+                self.reporter.case(amend_late(result, changes))
+                self.results.append(result)
 
     def _finish(self) -> int:
         if self.reporter is None:
@@ -134,14 +148,22 @@ class Executor:
         return 3
 
     def _record_the_rest(self, check: str, detail: str) -> None:
+        """The case in flight as unjudged and the later ones as not run; a case already judged when the
+        run broke (its model's second check pending) is reported as it was judged."""
         assert self.reporter is not None
         if self.current is not None:
             broken = self.current
-            self.reporter.case(unjudged_result(broken, check, detail, self.world.world_size))
-            for case in self.cases[self.cases.index(broken) + 1:]:
-                self.reporter.case(unjudged_result(
-                    case, "not_run", f"not run: the run ended at case {broken.index} ({check})",
-                    self.world.world_size))
+            later = self.cases[self.cases.index(broken) + 1:]
+            if self.pending is not None and self.pending.case.index == broken.index:
+                self.reporter.case(self.pending)
+                self.results.append(self.pending)
+                self.pending = None
+                reason = f"not run: the run ended after case {broken.index} ({check}: {detail.splitlines()[0]})"
+            else:
+                self.reporter.case(unjudged_result(broken, check, detail, self.world.world_size))
+                reason = f"not run: the run ended at case {broken.index} ({check})"
+            for case in later:
+                self.reporter.case(unjudged_result(case, "not_run", reason, self.world.world_size))
         self.reporter.finish(self.results)
 
     def _rank0_stopped(self) -> None:

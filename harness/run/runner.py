@@ -15,7 +15,8 @@ Every rank executes the same collectives in the same order whatever the function
 4. check what the harness can see at once: the return type, the default process group;
 5. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
    if a rank hung, ``WorldBroken`` ends the run (the world cannot run another case);
-6. measure what the target did (``effects``) and whether true replicas are still identical
+6. measure what the target did (``effects``; its flags and gradient wrappers, and what changes late,
+   after the threads it started have finished: ``aftermath``) and whether true replicas are still identical
    (``replicas``: digests in the records on gloo, a MAX round on nccl; mangled gradients dropped
    first, so a target that reshapes a gradient cannot crash the harness; merged by rank 0);
 7. send the rank's record to rank 0 through the store; rank 0 judges the case.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -37,6 +39,7 @@ from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skip
 from harness.clipmath import local_tensor
 from harness.spec.context import CaseContext, attach
 from harness.run.devices import settle
+from harness.run.aftermath import LateWatch, ModelState, fingerprint, settled_changes
 from harness.run.effects import rank_effects, snapshot_params
 from harness.spec.model import generated_grads, local_grads
 from harness.run.delivery import expected_copies, undelivered
@@ -160,6 +163,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
                                            world.store_round("replication"), world.device))
 
     default_group = dist.group.WORLD
+    state_before, threads_before = ModelState.of(model), set(threading.enumerate())
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
     reported, fault, broken = None, None, False
     if error is None:
@@ -175,7 +179,11 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     post, local = rank_effects(pre, local_grads(model, names), params_before,
                                {n: local_tensor(p) for n, p in model.named_parameters()},
-                               bool(variant.injection.nonfinite))
+                               bool(variant.injection.nonfinite), state_before, ModelState.of(model))
+    baseline = fingerprint(model, names)
+    late, running = settled_changes(threads_before, model, names, baseline)
+    local["late"] = late
+    world.late_watch = LateWatch(model, names, baseline, running)
     # this rank's part only: the parts travel in the records, and rank 0 merges them
     local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
     local["stale_truth"] = stale_truth

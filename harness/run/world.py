@@ -32,6 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from harness.run.devices import nccl_error_environment
 from harness.spec.layout import MeshSpec
 from harness.run.release import release_peers
+from harness.run.aftermath import LateWatch
 from harness.run.truth_cache import TruthCache
 
 
@@ -131,6 +132,7 @@ class DistWorld:
         self.generation = 0
         self._exchanges = 0
         self.truth_cache = TruthCache()
+        self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None

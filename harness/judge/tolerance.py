@@ -1,0 +1,71 @@
+"""How far a correct clip may be from the exact answer, derived from the arithmetic it does.
+
+Every tolerance of the judge comes from here, as a function of the gradient dtype and the number of
+elements involved, never a constant picked to make a case pass. The unit roundoff ``u`` of a dtype
+bounds the relative error of one rounding; a correct clip rounds a bounded number of times per value.
+
+* **The reported norm** (``norm_rtol``): the p-th powers of ``n`` elements summed in an accumulator at
+  least as wide as fp32 (fp64 for fp64 gradients: ``u_acc``), a blocked or pairwise sum (error
+  growing with log2 n), the power and the root, then the result rounded once to the gradient dtype
+  (torch returns the norm in it): ``2 (u_d + (log2 n + 4) u_acc)``, a factor two of margin. It never
+  goes below ``NORM_RTOL[dtype]``, the documented floor: what correct clips written in ways the
+  derivation does not cover (per-tensor norms combined in the gradient dtype, a root of a root) were
+  measured to need, and well below any counting mistake (a replica counted twice is sqrt(2)).
+* **How uniformly a gradient was scaled** (``uniformity_bound``): a correctly clipped element is the
+  original times one coefficient, rounded: at most two roundings to the gradient dtype (a product,
+  then a quotient) and two in an intermediate (fp32 for bf16/fp16 gradients, the gradient dtype
+  otherwise). The judge fits that coefficient by least squares in float64, which is itself within
+  ``u_d`` of the applied one, with float64 sums over the ``n`` elements (``(2 n + 8) u_64`` at worst,
+  sequential). Bound: ``4 (2 u_d + 2 u_int + (2 n + 8) u_64)``, a factor four of margin. At fp64 the
+  float64 fit is the same precision as the gradients, which is why the bound must grow with ``n``
+  there (a fixed ``8 u`` failed the reference itself at fp64).
+* **The coefficient's value** (``coefficient_rtol``): the coefficient a correct clip applies is
+  ``max_norm / (its reported norm + eps)``, so it is off by its norm's error, plus one rounding of the
+  coefficient itself to the gradient dtype, plus the uniformity of the fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+"""Half the distance from 1 to the next representable number: one rounding's relative error."""
+
+NORM_RTOL = {"fp64": 1e-9, "fp32": 1e-5, "fp16": 2e-3, "bf16": 1e-2}
+"""The floor of the relative tolerance on a reported norm (bf16/fp16 targets often accumulate
+per-tensor norms in the low-precision type, or round them to it more than once)."""
+
+_U64 = UNIT_ROUNDOFF["fp64"]
+_U32 = UNIT_ROUNDOFF["fp32"]
+
+
+def accumulator_roundoff(dtype: str) -> float:
+    """The unit roundoff of the narrowest accumulator a correct clip uses: fp64 for fp64 gradients,
+    fp32 for every narrower dtype (summing squares in bf16/fp16 overflows and underflows)."""
+    return _U64 if dtype == "fp64" else _U32
+
+
+def intermediate_roundoff(dtype: str) -> float:
+    """The roundoff of an intermediate product of a gradient element: fp32 for bf16/fp16 gradients
+    (torch computes their arithmetic in fp32), the gradient dtype itself otherwise."""
+    return _U32 if dtype in ("bf16", "fp16") else UNIT_ROUNDOFF[dtype]
+
+
+def norm_rtol(dtype: str, elements: int = 1) -> float:
+    """Relative tolerance on a reported norm computed over ``elements`` gradient elements."""
+    u_d, u_acc = UNIT_ROUNDOFF[dtype], accumulator_roundoff(dtype)
+    derived = 2 * (u_d + (math.log2(max(elements, 1)) + 4) * u_acc)
+    return max(NORM_RTOL[dtype], derived)
+
+
+def uniformity_bound(dtype: str, elements: int) -> float:
+    """The largest relative residual of a least-squares fit of one coefficient to a correctly clipped
+    gradient of ``elements`` elements (residual: max |after - c * before| / max |c * before|)."""
+    u_d = UNIT_ROUNDOFF[dtype]
+    return 4 * (2 * u_d + 2 * intermediate_roundoff(dtype) + (2 * max(elements, 1) + 8) * _U64)
+
+
+def coefficient_rtol(dtype: str, elements: int, total_elements: int) -> float:
+    """Relative tolerance on the coefficient applied to a gradient of ``elements`` elements, in a case
+    whose norm is computed over ``total_elements``."""
+    return norm_rtol(dtype, total_elements) + UNIT_ROUNDOFF[dtype] + uniformity_bound(dtype, elements)

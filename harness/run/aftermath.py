@@ -1,0 +1,126 @@
+"""What a clip function leaves behind once it has returned: the model state beyond the gradients'
+values, and changes that come late.
+
+The per-case effects (``effects``) are measured right after the call. A target can still act after
+that: a thread it started restores the unscaled gradients 50 ms later, a background worker flips a
+flag. And it can change what the value snapshots do not see: a parameter's ``requires_grad`` (training
+silently stops), a DTensor gradient's wrapper (its ``.data`` swapped for a tensor of another shape or
+dtype while the local shard stays as it was). So:
+
+* ``ModelState``: the parameters' ``requires_grad`` flags and the DTensor gradients' wrapper metadata
+  (global shape, dtype, placements), before and after the call;
+* ``fingerprint``: digests of every gradient's and parameter's bytes, plus the state above, right
+  after the call; ``settled_changes`` waits (bounded) for the threads the call started to finish, then takes
+  it again: any difference is a *late* change, named with the threads still running;
+* ``LateWatch``: the same comparison once more at the start of the next case (the model is kept
+  that long), so a change that comes after the case's own exchanges is still pinned on its case.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from harness.clipmath import local_tensor
+from harness.run.measure import bits_digest
+
+SETTLE_S = 2.0
+"""How long a case waits for the threads its target started before it re-checks the model (a thread
+still running after that is named; it is checked once more before the next case)."""
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What a clip must not change besides gradient values: parameter flags and gradient wrappers."""
+
+    requires_grad: dict[str, bool]
+    wrappers: dict[str, str]
+    """A DTensor gradient's wrapper as text (global shape, dtype, placements), by parameter name."""
+
+    @classmethod
+    def of(cls, model: nn.Module) -> "ModelState":
+        params = dict(model.named_parameters())
+        return cls({n: p.requires_grad for n, p in params.items()},
+                   {n: wrapper_text(p.grad) for n, p in params.items() if isinstance(p.grad, DTensor)})
+
+    def flag_changes(self, after: "ModelState") -> dict[str, str]:
+        """Parameters whose ``requires_grad`` changed (or that vanished), with how."""
+        return {n: f"requires_grad {flag} -> {after.requires_grad.get(n, 'gone')}"
+                for n, flag in self.requires_grad.items() if after.requires_grad.get(n) != flag}
+
+    def wrapper_changes(self, after: "ModelState") -> dict[str, str]:
+        """DTensor gradients whose wrapper now says another shape, dtype or placement."""
+        return {n: f"its DTensor wrapper says {after.wrappers[n]}, was {meta}"
+                for n, meta in self.wrappers.items() if n in after.wrappers and after.wrappers[n] != meta}
+
+
+def wrapper_text(grad: DTensor) -> str:
+    return f"{tuple(grad.shape)} {str(grad.dtype).replace('torch.', '')} {list(map(str, grad.placements))}"
+
+
+def fingerprint(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
+    """Digests of the model as the clip left it: each trainable gradient's local bytes, each
+    parameter's local bytes, flags and gradient wrappers."""
+    params = dict(model.named_parameters())
+    out: dict[str, str] = {}
+    for name in names:
+        grad = params[name].grad if name in params else None
+        out[f"gradient {name}"] = "none" if grad is None else bits_digest(local_tensor(grad))
+    for name, p in params.items():
+        out[f"parameter {name}"] = bits_digest(local_tensor(p.detach()))
+    state = ModelState.of(model)
+    out.update({f"flag {n}": str(v) for n, v in state.requires_grad.items()})
+    out.update({f"wrapper {n}": v for n, v in state.wrappers.items()})
+    return out
+
+
+def late_changes(before: dict[str, str], after: dict[str, str], limit: int = 4) -> list[str]:
+    """What differs between two fingerprints, as ``gradient w``, ``parameter b``, ``flag w`` ..."""
+    changed = [key for key in before.keys() | after.keys() if before.get(key) != after.get(key)]
+    changed.sort()
+    return changed[:limit] + ([f"(+{len(changed) - limit} more)"] if len(changed) > limit else [])
+
+
+HARNESS_THREADS = "clipcheck-"
+"""The prefix of the harness's own threads (its watchdog starts on first use, inside a call)."""
+
+
+def threads_started(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Threads alive now that were not before (started by the call, still running), the harness's
+    own left out."""
+    return [t for t in threading.enumerate()
+            if t not in before and t.is_alive() and not t.name.startswith(HARNESS_THREADS)]
+
+
+def settled_changes(before_call: set[threading.Thread], model: nn.Module, names: Sequence[str],
+           baseline: dict[str, str], budget_s: float = SETTLE_S) -> tuple[list[str], list[str]]:
+    """Wait up to ``budget_s`` for the threads the call started, then compare the model with
+    ``baseline``: (what changed late, the threads still running). No wait without such threads."""
+    started = threads_started(before_call)
+    if not started:
+        return [], []
+    deadline = time.monotonic() + budget_s
+    for thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    running = [t.name for t in started if t.is_alive()]
+    return late_changes(baseline, fingerprint(model, names)), running
+
+
+@dataclass
+class LateWatch:
+    """The previous case's model and its fingerprint, checked once more before the next case."""
+
+    model: nn.Module
+    names: list[str]
+    baseline: dict[str, str]
+    running: list[str] = field(default_factory=list)
+
+    def changes(self) -> list[str]:
+        with torch.no_grad():
+            return late_changes(self.baseline, fingerprint(self.model, self.names))
