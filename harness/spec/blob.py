@@ -65,6 +65,7 @@ def encode(drawn: DrawnCase, target: str) -> str:
         ],
         "declared": {n: {d: _placement(p) for d, p in axes.items()} for n, axes in variant.declared.items()},
         "dtensor": variant.dtensor,
+        "plain": sorted(variant.plain),
         "injection": {
             "seed": injection.seed, "dtype": injection.dtype, "scale": injection.scale,
             "zero": sorted(injection.zero), "none_on": {n: sorted(r) for n, r in injection.none_on},
@@ -98,7 +99,7 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
                               nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
         declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
         variant = Variant(doc["label"], Layout(mesh, params), injection, declared,
-                          dtensor=bool(doc.get("dtensor", False)))
+                          dtensor=bool(doc.get("dtensor", False)), plain=frozenset(map(str, doc.get("plain", []))))
         world = int(doc["world"])
         if not 1 <= world <= MAX_WORLD:
             raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")

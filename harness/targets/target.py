@@ -225,6 +225,20 @@ def torch_max_drops_nan(layouts: str) -> Finding:
                    norms=("Linf",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_inf_norm_drops_nan.py")
 
 
+TORCH_NORM_PARTIAL_DTYPE = (
+    "torch's DTensor norm reduction (_NormPartial) raises each shard's norm to the power p in the gradient "
+    "dtype before summing: with fp16 gradients a shard norm above sqrt(65504) = 256 squares to inf (a finite "
+    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%)")
+
+
+def torch_norm_partial_fp16(layouts: str) -> Finding:
+    """torch's fp16 overflow/underflow in the sharded-DTensor norm, on the layouts at those magnitudes."""
+    return Finding(layouts, None, TORCH_NORM_PARTIAL_DTYPE,
+                   direct_call("clip_grad_norm_ / get_total_norm on sharded fp16 DTensor gradients (a model "
+                               "fully_shard-ed with fp16 parameters, no fp32 gradient dtype)"),
+                   norms=("L2",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
+
+
 BUILTIN_TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
@@ -238,7 +252,8 @@ BUILTIN_TARGETS: dict[str, Target] = {
                                              "sharded model")),)),
         Target("torch-dtensor", torch_dtensor,
                "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
-               findings=(torch_max_drops_nan("*nan on last rank*"),)),
+               findings=(torch_max_drops_nan("*nan on last rank*"), torch_norm_partial_fp16("*loss-scaled*"),
+                         torch_norm_partial_fp16("*tiny*"))),
     )
 }
 
