@@ -5,7 +5,6 @@ be skips carrying the install hint, never failures."""
 import pytest
 
 from harness.report.compat import compat_rows, markdown
-from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
 from harness.scenarios.megatron import FRAMEWORK as MEGATRON
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.xorl import FRAMEWORK as XORL
@@ -24,34 +23,6 @@ def adapters_world4(tmp_path_factory):
 
 
 
-
-
-def test_deepspeed_fp32_clip_averages_local_norms(deepspeed_world2):
-    run = deepspeed_world2
-    if DEEPSPEED.unavailable():
-        expect_skips(run, DEEPSPEED, "deepspeed")
-        return
-    for target in ("deepspeed", "deepspeed-engine"):
-        for case in run.cases(target=target):
-            assert case["framework"].startswith("deepspeed ")
-            if "replicated" in case["layout"] or "nan" in case["layout"]:
-                assert case["verdict"] == "PASS", case["layout"]
-            elif "frozen-dense" in case["layout"]:
-                # a finding: DeepSpeed's clip indexes into an empty list on the rank that holds no gradient
-                assert failed(case) == {"raised"}, case["layout"]
-                assert "rank 1: " in case["checks"]["raised"]["detail"]
-            else:
-                assert case["verdict"] == "FAIL", case["layout"]
-                assert any("mean of the rank-local norms" in s for s in case["signature"])
-    gap = run.metamorphic(target="deepspeed", norm="L2", dtype="fp32", invariance_key="autoep", bound="x0.5")[0]
-    assert {c["dtype"] for c in run.cases(target="deepspeed-engine")} == {"fp32"}
-    assert not gap["passed"] and gap["gap"] > 0
-    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_deepspeed_engine_is_l2_only(deepspeed_world2):
-    assert {c["norm_type"] for c in deepspeed_world2.cases(target="deepspeed-engine")} == {2.0}
-    assert "target deepspeed-engine supports norm types L2 only" in deepspeed_world2.stdout
 
 
 def test_torchtitan_trusts_placements(adapters_world4):
