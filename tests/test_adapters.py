@@ -5,7 +5,6 @@ be skips carrying the install hint, never failures."""
 import pytest
 
 from harness.report.compat import compat_rows, markdown
-from harness.scenarios.megatron import FRAMEWORK as MEGATRON
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness.targets.frameworks import Framework
@@ -62,20 +61,6 @@ def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
     assert "refuses some pipeline_stages layouts: a weight tied across stages" in run.stdout
     assert "expert stages (EP with PP) are not modelled" in run.stdout
     assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_megatron_tp_duplicate_filter(adapters_world4):
-    run = adapters_world4
-    if MEGATRON.unavailable():
-        expect_skips(run, MEGATRON, "megatron")
-        return
-    for case in run.cases(target="megatron"):
-        assert case["framework"] == "megatron-core 0.16.1"
-        expected = "FAIL" if "unmarked" in case["layout"] else "PASS"
-        assert case["verdict"] == expected, case["layout"]
-    unmarked = run.one(target="megatron", layout="dp=1 ep=2 tp=2 experts unmarked (grouped GEMM)", norm="L2",
-                       dtype="fp32", clip_ratio=0.5)
-    assert unmarked["ratio"] < 0.95 and failed(unmarked) == {"norm", "coefficient"}
 
 
 def test_fsdp2_one_mesh_exact_mixed_meshes_raise_clearly(adapters_world4):
