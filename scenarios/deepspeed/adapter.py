@@ -47,7 +47,7 @@ from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
 from harness.run.devices import accelerator_for
 from harness.targets.gradient_path import install_linear_forwards
-from harness.targets.target import Finding, Target, direct_call, stock
+from harness.targets.target import Finding, Target, direct_call, stock, synthetic
 from .framework import FRAMEWORK as DEEPSPEED
 from .scenario import NUM_EXPERTS, WIDTH, expert_name
 
@@ -262,6 +262,10 @@ TARGETS = (
            origin="adapter deepspeed", scenarios=("deepspeed_autoep",), requires=DEEPSPEED, dress=dress_engine,
            backward=backward_engine, refuses=refuses_engine, dtypes=("fp32",), norm_types=(2.0,),
            findings=(
+               Finding("*frozen-dense*", None, IDLE_RANK_CRASH,
+                       synthetic("the engine's backward all-reduce gives every trainable parameter a gradient (a "
+                                 "zero one where none arrived), so its clip never meets a rank without one; run "
+                                 "only on the synthetic no-expert-rank layout, gradients injected")),
                Finding("*", "deepspeedai/DeepSpeed #8475 / PR #8478", MEAN_OF_NORMS + ", through the engine's "
                        "own backward all-reduce and its fp32 clip", stock(ENGINE_CONFIG),
                        repro="scenarios/deepspeed/repro_engine_mean_of_norms.py"),)),

@@ -192,6 +192,7 @@ TARGETS = (
                        "TP-duplicate filter keeps them on TP rank 0 only (an under-count); not reproduced here: "
                        "0.16.1 builds those weights only with Transformer Engine (CUDA), and megatron-core with "
                        "PR #5916 (0.19.2) passes",
-                       stock("--moe-grouped-gemm on the Transformer Engine stack with --tensor-model-parallel-size > 1 "
-                             "(expert TP = TP by default) on megatron-core before PR #5916")),)),
+                       stock("--moe-grouped-gemm on the Transformer Engine stack (the default --transformer-impl) "
+                             "with --tensor-model-parallel-size 2 --expert-model-parallel-size 2 (expert TP = TP by "
+                             "default) on megatron-core before PR #5916, as the PR states it")),)),
 )
