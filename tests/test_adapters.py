@@ -5,8 +5,6 @@ be skips carrying the install hint, never failures."""
 import pytest
 
 from harness.report.compat import compat_rows, markdown
-from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
-from harness.scenarios.megatron import FRAMEWORK as MEGATRON
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness.targets.frameworks import Framework
@@ -24,34 +22,6 @@ def adapters_world4(tmp_path_factory):
 
 
 
-
-
-def test_deepspeed_fp32_clip_averages_local_norms(deepspeed_world2):
-    run = deepspeed_world2
-    if DEEPSPEED.unavailable():
-        expect_skips(run, DEEPSPEED, "deepspeed")
-        return
-    for target in ("deepspeed", "deepspeed-engine"):
-        for case in run.cases(target=target):
-            assert case["framework"].startswith("deepspeed ")
-            if "replicated" in case["layout"] or "nan" in case["layout"]:
-                assert case["verdict"] == "PASS", case["layout"]
-            elif "frozen-dense" in case["layout"]:
-                # a finding: DeepSpeed's clip indexes into an empty list on the rank that holds no gradient
-                assert failed(case) == {"raised"}, case["layout"]
-                assert "rank 1: " in case["checks"]["raised"]["detail"]
-            else:
-                assert case["verdict"] == "FAIL", case["layout"]
-                assert any("mean of the rank-local norms" in s for s in case["signature"])
-    gap = run.metamorphic(target="deepspeed", norm="L2", dtype="fp32", invariance_key="autoep", bound="x0.5")[0]
-    assert {c["dtype"] for c in run.cases(target="deepspeed-engine")} == {"fp32"}
-    assert not gap["passed"] and gap["gap"] > 0
-    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_deepspeed_engine_is_l2_only(deepspeed_world2):
-    assert {c["norm_type"] for c in deepspeed_world2.cases(target="deepspeed-engine")} == {2.0}
-    assert "target deepspeed-engine supports norm types L2 only" in deepspeed_world2.stdout
 
 
 def test_torchtitan_trusts_placements(adapters_world4):
@@ -91,20 +61,6 @@ def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
     assert "refuses some pipeline_stages layouts: a weight tied across stages" in run.stdout
     assert "expert stages (EP with PP) are not modelled" in run.stdout
     assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_megatron_tp_duplicate_filter(adapters_world4):
-    run = adapters_world4
-    if MEGATRON.unavailable():
-        expect_skips(run, MEGATRON, "megatron")
-        return
-    for case in run.cases(target="megatron"):
-        assert case["framework"] == "megatron-core 0.16.1"
-        expected = "FAIL" if "unmarked" in case["layout"] else "PASS"
-        assert case["verdict"] == expected, case["layout"]
-    unmarked = run.one(target="megatron", layout="dp=1 ep=2 tp=2 experts unmarked (grouped GEMM)", norm="L2",
-                       dtype="fp32", clip_ratio=0.5)
-    assert unmarked["ratio"] < 0.95 and failed(unmarked) == {"norm", "coefficient"}
 
 
 def test_fsdp2_one_mesh_exact_mixed_meshes_raise_clearly(adapters_world4):
