@@ -67,18 +67,6 @@ def test_megatron_tp_duplicate_filter(adapters_world4):
     assert unmarked["ratio"] < 0.95 and failed(unmarked) == {"norm", "coefficient"}
 
 
-def test_fsdp2_one_mesh_exact_mixed_meshes_raise_clearly(adapters_world4):
-    run = adapters_world4
-    for layout in ("dp=4 fsdp", "dp_replicate=2 dp_shard=2 hsdp"):
-        assert all(c["verdict"] == "PASS" for c in run.cases(target="torch-fsdp2", layout=layout))
-    for case in run.cases(target="torch-fsdp2", layout="ep=2 ep_fsdp=2 mixed meshes"):
-        assert case["verdict"] == "FAIL" and failed(case) == {"raised"}
-        detail = case["checks"]["raised"]["detail"]
-        assert detail.startswith("ranks [0, 1, 2, 3]: RuntimeError: All operands in aten.stack.default must have "
-                                 "the same mesh")
-    assert run.summary["harness_errors"] == 0
-
-
 def test_xorl_runs_where_importable_and_skips_with_the_hint_elsewhere(adapters_world4):
     run = adapters_world4
     if XORL.unavailable():
