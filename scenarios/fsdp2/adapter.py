@@ -88,10 +88,9 @@ TARGETS = (
                Finding("*mixed meshes*", "pytorch/pytorch #180346",
                        "torch.stack of norms from two meshes raises",
                        direct_call("torch.nn.utils.clip_grad_norm_ on a model fully_shard-ed on two meshes (experts "
-                                   "on an expert-data-parallel sub-mesh, as VeOmni and xorl wrap them); stock where "
-                                   "a framework's recipe calls torch's clip on such a model: torchtune's "
-                                   "full_finetune_distributed with TP and FSDP and its base TP plan, NeMo "
-                                   "Automodel's KD recipe before its PR #3302"),
+                                   "on an expert-data-parallel sub-mesh, as VeOmni and xorl wrap them); frameworks "
+                                   "that call torch's clip on two meshes meet it too (the torchtune target's "
+                                   "'tp+fsdp base plan' rows; NeMo Automodel's KD recipe before its PR #3302)"),
                        repro="scenarios/fsdp2/repro_mixed_meshes.py"),
                torch_max_drops_nan("*nan on last rank*"),)),
 )

@@ -8,9 +8,10 @@ unit; ``torch.nn.utils.clip_grad_norm_`` then computes one norm DTensor per grad
 ``RuntimeError: All operands in aten.stack.default must have the same mesh``.
 
 Who reaches it: a training loop calling torch's own clip on such a model (a direct call: VeOmni and
-xorl have their own clips that handle the two meshes), and frameworks whose stock path calls torch's
-clip on two meshes (torchtune's distributed recipe with TP and FSDP and its base TP plan, whose
-norms stay on the 1-D dp mesh; NeMo Automodel's knowledge-distillation recipe before its PR #3302).
+xorl have their own clips that handle the two meshes); frameworks that call torch's clip on
+parameters on two meshes meet the same error (clipcheck's torchtune target on its ``tp+fsdp base
+plan`` layout, norms on the 1-D dp mesh; NeMo Automodel's knowledge-distillation recipe before its
+PR #3302).
 
 Run: ``torchrun --standalone --nproc_per_node=4 scenarios/fsdp2/repro_mixed_meshes.py`` (2 or 4 ranks;
 ep = 2). The last line on rank 0: ``reported=raised true=<float> error=<the exception>``.

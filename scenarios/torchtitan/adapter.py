@@ -58,7 +58,8 @@ from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, direct_call, synthetic
 
 from .framework import FRAMEWORK as TORCHTITAN
-from .scenario import DENSE, LIES, NUM_EXPERTS, SPARSE, DTensorMeshes
+from .scenario import LIES, NUM_EXPERTS, SPARSE, DTensorMeshes
+
 
 def _replace(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
     module_path, _, leaf = name.rpartition(".")
@@ -222,7 +223,8 @@ def clip_stages(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) ->
 
 
 TARGETS = (
-    Target("torchtitan", clip, "torchtitan.distributed.utils.clip_grad_norm_ (ep_enabled) on torchtitan's FSDP2/EP model",
+    Target("torchtitan", clip,
+           "torchtitan.distributed.utils.clip_grad_norm_ (ep_enabled) on torchtitan's FSDP2/EP model",
            origin="adapter torchtitan", scenarios=("torchtitan_ep",), requires=TORCHTITAN, dress=dress,
            backward=backward,
            findings=(
