@@ -29,6 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 DIM, HIDDEN, EXPERTS, EP = 8, 4, 4, 2
+EP_AXIS, EP_FSDP_AXIS = "ep", "ep_fsdp"  # the mesh axes, named as VeOmni and xorl name them
 
 
 class Experts(nn.Module):
@@ -53,14 +54,14 @@ class MoE(nn.Module):
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (EP, world // EP), mesh_dim_names=("ep", "ep_fsdp"))
+    mesh = init_device_mesh("cpu", (EP, world // EP), mesh_dim_names=(EP_AXIS, EP_FSDP_AXIS))
     flat = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     torch.manual_seed(0)  # the dense weights, the same on every rank
     model = MoE(EXPERTS // EP)
     with torch.no_grad():  # this EP rank's own experts
-        model.experts.w1.copy_(torch.randn(EXPERTS, DIM, HIDDEN)[mesh.get_local_rank("ep") * (EXPERTS // EP):][
+        model.experts.w1.copy_(torch.randn(EXPERTS, DIM, HIDDEN)[mesh.get_local_rank(EP_AXIS) * (EXPERTS // EP):][
             : EXPERTS // EP])
-    fully_shard(model.experts, mesh=mesh["ep_fsdp"])  # experts on the expert-data-parallel sub-mesh
+    fully_shard(model.experts, mesh=mesh[EP_FSDP_AXIS])  # experts on the expert-data-parallel sub-mesh
     fully_shard(model, mesh=flat)  # the rest on every rank
     torch.manual_seed(1 + rank)
     model(torch.randn(4, DIM)).backward()
@@ -77,7 +78,7 @@ def main() -> None:
     except RuntimeError as exc:
         reported, error = "raised", f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     if rank == 0:
-        print(f"world {world}: dense fully_shard-ed on {flat}, experts on {mesh['ep_fsdp']}")
+        print(f"world {world}: dense fully_shard-ed on {flat}, experts on {mesh[EP_FSDP_AXIS]}")
         print(f"reported={reported} true={true:.6f} error={error}")
     dist.destroy_process_group()
 

@@ -29,6 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 DIM, HIDDEN, EXPERTS, EP = 8, 4, 4, 2
+EFSDP_AXIS, EP_AXIS = "efsdp", "ep"  # torchtitan's names for the sparse mesh's axes
 
 
 class Experts(nn.Module):
@@ -54,12 +55,12 @@ class MoE(nn.Module):
 def build(sparse: DeviceMesh, dense: DeviceMesh, experts_on_ep: bool) -> MoE:
     torch.manual_seed(0)  # every rank builds the global model, as torchtitan's builder does
     model = MoE(EXPERTS)
-    ep_rank, local = sparse.get_local_rank("ep"), EXPERTS // EP
+    ep_rank, local = sparse.get_local_rank(EP_AXIS), EXPERTS // EP
     if experts_on_ep:  # torchtitan's parallelize: the experts over ep
-        model.experts.w1 = nn.Parameter(distribute_tensor(model.experts.w1.detach(), sparse["ep"], [Shard(0)]))
+        model.experts.w1 = nn.Parameter(distribute_tensor(model.experts.w1.detach(), sparse[EP_AXIS], [Shard(0)]))
     else:  # VeOmni / xorl: each EP rank keeps its own experts as a plain tensor
         model.experts.w1 = nn.Parameter(model.experts.w1.detach()[ep_rank * local:(ep_rank + 1) * local].clone())
-    fully_shard(model.experts, mesh=sparse["efsdp"])
+    fully_shard(model.experts, mesh=sparse[EFSDP_AXIS])
     fully_shard(model, mesh=dense)
     return model
 
@@ -84,7 +85,7 @@ def run(model: MoE, rank: int) -> tuple[str, float, str]:
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    sparse = init_device_mesh("cpu", (world // EP, EP), mesh_dim_names=("efsdp", "ep"))
+    sparse = init_device_mesh("cpu", (world // EP, EP), mesh_dim_names=(EFSDP_AXIS, EP_AXIS))
     dense = sparse._flatten("fsdp")  # torchtitan's dense FSDP mesh: every rank
     for experts_on_ep in (True, False):
         model = build(sparse, dense, experts_on_ep)
