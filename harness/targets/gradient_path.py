@@ -24,11 +24,12 @@ on others; replicas its hooks would make of distinct gradients) the runner's bit
 from __future__ import annotations
 
 import types
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
@@ -66,13 +67,23 @@ def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> 
     root().backward()
 
 
-def reduced_to(param: DTensor, target: torch.Tensor, factor: float) -> torch.Tensor:
+def reduced_to(param: DTensor, target: torch.Tensor, factor: float,
+               kept_axes: Sequence[str] = ()) -> torch.Tensor:
     """The unsharded direction this rank contributes so that a reduction over ``param``'s mesh that
     sums every rank's unsharded gradient, divides by ``factor`` and keeps each rank's shard (FSDP2's
     reduce-scatter, HSDP's all-reduce over the replicas) leaves exactly ``target`` (this rank's local
     gradient) on this rank: ``target * factor`` in this rank's slice of the unsharded tensor when it is
     the first coordinate of every ``Replicate`` mesh axis, zero everywhere else. Exact when ``factor``
-    is a power of two and ``target * factor`` stays finite."""
+    is a power of two and ``target * factor`` stays finite.
+
+    ``kept_axes``: mesh axes the reduction does not cross, where the parameter stays sharded or
+    replicated in the forward (EP, TP: FSDP2 composes its own axis with a DTensor parameter's mesh,
+    and its unsharded parameter is then a DTensor on those axes). The direction is then this rank's
+    local tensor over the kept axes (the one the forward differentiates), with ``target * factor`` in
+    the chunk FSDP keeps on this rank (``torch.chunk`` of that tensor along the shard dim, as FSDP2
+    shards it), and a ``Replicate`` on a kept axis is no replica to zero (nothing sums over it)."""
+    if kept_axes:
+        return _reduced_within(param, target, factor, kept_axes)
     mesh = param.device_mesh
     coordinate = mesh.get_coordinate()
     assert coordinate is not None, "this rank is not in the parameter's mesh"
@@ -81,4 +92,27 @@ def reduced_to(param: DTensor, target: torch.Tensor, factor: float) -> torch.Ten
            if isinstance(placement, Replicate)):
         shape, offset = compute_local_shape_and_global_offset(param.shape, mesh, param.placements)
         full[tuple(slice(o, o + n) for o, n in zip(offset, shape))] = target * factor
+    return full
+
+
+def _reduced_within(param: DTensor, target: torch.Tensor, factor: float, kept_axes: Sequence[str]) -> torch.Tensor:
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names or ()
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None, "this rank is not in the parameter's mesh"
+    kept = [axis for axis, name in enumerate(names) if name in kept_axes]
+    reduced = [axis for axis in range(mesh.ndim) if axis not in kept]
+    if kept:
+        local_shape, _ = compute_local_shape_and_global_offset(
+            param.shape, mesh[tuple(names[axis] for axis in kept)], [param.placements[axis] for axis in kept])
+    else:
+        local_shape = tuple(param.shape)
+    full = torch.zeros(local_shape, dtype=target.dtype, device=target.device)
+    if all(coordinate[axis] == 0 for axis in reduced if isinstance(param.placements[axis], Replicate)):
+        region = full
+        for axis in reduced:
+            placement = param.placements[axis]
+            if isinstance(placement, (Shard, _StridedShard)):  # FSDP's shard of the kept-axes local tensor
+                region = torch.chunk(region, mesh.size(axis), dim=placement.dim)[coordinate[axis]]
+        region.copy_(target * factor)
     return full
