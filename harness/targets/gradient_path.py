@@ -24,10 +24,13 @@ on others; replicas its hooks would make of distinct gradients) the runner's bit
 from __future__ import annotations
 
 import types
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence, cast
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -116,3 +119,41 @@ def _reduced_within(param: DTensor, target: torch.Tensor, factor: float, kept_ax
                 region = torch.chunk(region, mesh.size(axis), dim=placement.dim)[coordinate[axis]]
         region.copy_(target * factor)
     return full
+
+
+def _fsdp_units(root: nn.Module) -> Iterator[tuple[FSDPModule, FSDPParamGroup]]:
+    """Every FSDP2 unit under ``root`` that holds parameters, with its parameter group."""
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None and group.fsdp_params:
+                yield module, group
+
+
+def fsdp_divide_factors(root: nn.Module) -> dict[int, float]:
+    """What FSDP2 divides each parameter's reduced gradient by (the ``factor`` of ``reduced_to``), by
+    the id of the parameter (its sharded DTensor): its unit's ``gradient_divide_factor`` where the
+    framework set one, else FSDP2's default, the unit's data-parallel size (its mesh's size: shard x
+    replicate). A parameter of no FSDP unit is absent."""
+    factors: dict[int, float] = {}
+    for _, group in _fsdp_units(root):
+        for fsdp_param in group.fsdp_params:
+            param = fsdp_param.sharded_param
+            mesh_size = cast(DTensor, param).device_mesh.size()
+            factors[id(param)] = float(group.gradient_divide_factor or mesh_size)
+    return factors
+
+
+def sum_then_divide_on_gloo(root: nn.Module) -> None:
+    """On gloo, let FSDP2 units whose divide factor is not their shard group's size (FSDP2 reduce-
+    scatters those with ``PREMUL_SUM(1 / factor)``, which gloo lacks) SUM and divide afterwards
+    instead (FSDP2's own ``set_force_sum_reduction_for_comms``): the same gradients for directions
+    from ``reduced_to``. Only those units: on a shard group of one, torch 2.13's forced SUM divides
+    twice (in its single-rank copy and after). Nothing changes on other backends."""
+    if dist.get_backend() != "gloo":
+        return
+    for module, group in _fsdp_units(root):
+        factor = group.gradient_divide_factor
+        shard_size = cast(DTensor, group.fsdp_params[0].sharded_param).device_mesh.size(-1)  # FSDP2 shards last
+        if factor is not None and shard_size > 1 and factor != shard_size:
+            module.set_force_sum_reduction_for_comms(True)
