@@ -24,15 +24,17 @@ on others; replicas its hooks would make of distinct gradients) the runner's bit
 from __future__ import annotations
 
 import types
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
-def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> None:
+def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tensor],
+                            runs: Callable[[nn.Module], bool] | None = None) -> None:
     """Give ``root`` and every module below it a forward whose output is linear in the parameters
     named in ``directions`` (full dotted names from ``root``): ``sum(local(param) * direction)`` over
     the module's own parameters, plus the outputs of its children, called from inside it. The
@@ -40,7 +42,13 @@ def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tens
     for the forward (FSDP2) is the one differentiated; a DTensor parameter is differentiated through
     its local tensor (``to_local``), so its gradient is ``direction`` with the parameter's placements
     and no collective runs. Modules keep their classes and hooks; only ``forward`` is replaced, on the
-    instance."""
+    instance.
+
+    ``runs``: which modules are *called* (their forward hooks fire), None for every one. A module it
+    refuses is not called: its parameters' terms (and those of its children that are not called
+    either) are summed inside the nearest module that is, reading the parameters from their own
+    modules as before. For modules whose hooks expect activations, not the linear loss's empty call
+    (tensor-parallel input/output redistribution on a linear layer) and act on no gradient."""
     own: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, direction in directions.items():
         module_path, _, leaf = name.rpartition(".")
@@ -52,33 +60,51 @@ def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tens
             param = getattr(module, leaf)
             local = param.to_local() if isinstance(param, DTensor) else param
             total = total + (local * direction).sum().to(torch.float64).cpu()
-        for child in module.children():
-            total = total + child()
+        for name, child in module.named_children():
+            child_path = f"{path}.{name}" if path else name
+            total = total + (child() if runs is None or runs(child) else linear_forward(child, child_path))
         return total
 
     for path, module in root.named_modules():
         module.forward = types.MethodType(lambda self, _path=path: linear_forward(self, _path), module)
 
 
-def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> None:
+def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor],
+                    runs: Callable[[nn.Module], bool] | None = None) -> None:
     """One forward and backward of the linear loss through ``root`` (its hooks included)."""
-    install_linear_forwards(root, directions)
+    install_linear_forwards(root, directions, runs)
     root().backward()
 
 
-def reduced_to(param: DTensor, target: torch.Tensor, factor: float) -> torch.Tensor:
+def reduced_to(param: DTensor, target: torch.Tensor, factor: float, over: Sequence[str] | None = None) -> torch.Tensor:
     """The unsharded direction this rank contributes so that a reduction over ``param``'s mesh that
     sums every rank's unsharded gradient, divides by ``factor`` and keeps each rank's shard (FSDP2's
     reduce-scatter, HSDP's all-reduce over the replicas) leaves exactly ``target`` (this rank's local
     gradient) on this rank: ``target * factor`` in this rank's slice of the unsharded tensor when it is
     the first coordinate of every ``Replicate`` mesh axis, zero everywhere else. Exact when ``factor``
-    is a power of two and ``target * factor`` stays finite."""
+    is a power of two and ``target * factor`` stays finite.
+
+    ``over``: the mesh axes (names) the reduction runs over, None for all. FSDP2 over a
+    tensor-parallel model (mesh ``(dp, tp)``) reduces over ``dp`` only, and the parameter it hands the
+    forward is still sharded on ``tp`` (a DTensor on the tp mesh): the direction then has this rank's
+    tp-local shape, and FSDP's shard of dim 0 (a ``_StridedShard`` on the 2-D mesh) is a plain chunk of
+    that local tensor."""
     mesh = param.device_mesh
-    coordinate = mesh.get_coordinate()
+    names = mesh.mesh_dim_names or ()
+    reduced = list(range(mesh.ndim)) if over is None else [names.index(axis) for axis in over]
+    kept = [d for d in range(mesh.ndim) if d not in reduced]
+    unsharded: Sequence[int] = param.shape
+    placements = [param.placements[d] for d in reduced]
+    submesh = mesh
+    if kept:
+        unsharded, _ = compute_local_shape_and_global_offset(
+            param.shape, mesh[tuple(names[d] for d in kept)], [param.placements[d] for d in kept])
+        submesh = mesh[tuple(names[d] for d in reduced)]
+        placements = [Shard(p.dim) if isinstance(p, (Shard, _StridedShard)) else p for p in placements]
+    coordinate = submesh.get_coordinate()
     assert coordinate is not None, "this rank is not in the parameter's mesh"
-    full = torch.zeros(param.shape, dtype=target.dtype, device=target.device)
-    if all(coordinate[axis] == 0 for axis, placement in enumerate(param.placements)
-           if isinstance(placement, Replicate)):
-        shape, offset = compute_local_shape_and_global_offset(param.shape, mesh, param.placements)
+    full = torch.zeros(tuple(unsharded), dtype=target.dtype, device=target.device)
+    if all(coordinate[axis] == 0 for axis, placement in enumerate(placements) if isinstance(placement, Replicate)):
+        shape, offset = compute_local_shape_and_global_offset(tuple(unsharded), submesh, placements)
         full[tuple(slice(o, o + n) for o, n in zip(offset, shape))] = target * factor
     return full
