@@ -61,7 +61,7 @@ def main() -> int:
     cfg = Dots1Config(
         num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
         vocab_size=64, hidden_size=16, intermediate_size=16, moe_intermediate_size=8, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=4, max_position_embeddings=64, n_group=1, topk_group=1)
+        num_key_value_heads=4, max_position_embeddings=64, n_group=1, topk_group=1)
     box: list[Any] = [tempfile.mkdtemp(prefix="repro-dots1-") if rank == 0 else None]
     dist.broadcast_object_list(box)
     if rank == 0:

@@ -1,5 +1,5 @@
-"""A small decoder layer laid out the ways accelerate 1.15 lays a model out (``ParallelismConfig`` with
-its canonical mesh ``(dp_replicate, dp_shard, tp)``), for ``Accelerator.clip_grad_norm_``.
+"""A small decoder layer laid out the ways accelerate 1.15/1.16 lays a model out (``ParallelismConfig``
+with its canonical mesh ``(dp_replicate, dp_shard, tp)``), for ``Accelerator.clip_grad_norm_``.
 
 accelerate's clip (``Accelerator._clip_grad_norm_dtensor_aware``, the fix of accelerate PR #4219 for
 the foreach crash on mixed plain/DTensor gradients) groups the gradients by DTensor mesh, plus one
@@ -21,11 +21,18 @@ group norms are combined. One group only: stock ``torch.nn.utils.clip_grad_norm_
     #36132) where a foreach norm over both kinds raised;
   * ``tp all DTensor``: norms and embedding ``Replicate`` DTensors on the tp mesh: one mesh, stock torch;
   * ``tp experts plain``: as ``mixed``, plus MoE experts split over the tp ranks (each rank its own
-    experts) and kept as *plain* local tensors, as transformers 4.57's ``grouped_gemm`` style
-    (``GroupedGemmParallel``, ``use_dtensor = False``) keeps them; gpt-oss's ``base_model_tp_plan``
-    is exactly this (q/k/v colwise, o_proj rowwise, experts ``grouped_gemm``, norms unplanned). The
-    plain group is then not replicated, and accelerate's rank-local plain norm misses the other
-    ranks' experts: each rank clips with its own, too small, norm.
+    experts) and kept as *plain* local tensors. Which stack produces it: transformers **4.x** only
+    (4.57.6 checked), whose ``use_dtensor=False`` styles keep TP shards plain: ``grouped_gemm``
+    (``GroupedGemmParallel``: gpt-oss's ``base_model_tp_plan``, q/k/v colwise, o_proj rowwise,
+    experts ``grouped_gemm``, norms unplanned: exactly this layout) and ``local_colwise`` /
+    ``local_rowwise`` (dots.llm1's experts: each rank a column/row slice of every expert, plain too).
+    transformers 5 (the pinned 5.18.0) rewrote its TP on DTensors: ``grouped_gemm`` is
+    ``MoEParamShard`` (a ``Shard(0)`` DTensor), experts under TP ``packed_colwise`` / ``rowwise``
+    DTensors, so with the pinned stack no user reaches this layout; users of transformers 4.x do
+    (stock: ``from_pretrained(tp_plan="auto")``, then accelerate; see
+    ``repro_tp_plain_experts.py``). The plain group is then not replicated, and accelerate's
+    rank-local plain norm misses the other ranks' experts: each rank clips with its own, too small,
+    norm.
 * ``... nan``: one NaN on the last rank only (its FSDP shard; a row-parallel DTensor; its plain experts),
   to see whether every rank learns of it.
 
