@@ -2,6 +2,7 @@
 FSDP2+TP prepared by accelerate, and TP models with plain and DTensor parameters. Where accelerate is
 not installed, its cases must be skips carrying the install hint."""
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -94,9 +95,27 @@ def test_plain_expert_shards_are_counted_rank_locally(accelerate_world4, acceler
     for case in (l2, inf, two):
         finding = case["finding"]
         assert finding["reach"] == "stock" and "transformers 4.x" in finding["how"], finding
-        assert "not with transformers 5" in finding["how"] and finding["upstream"] is None
+        assert "not with transformers from 5.16" in finding["how"] and finding["upstream"] is None
         assert finding["repro"] == "scenarios/accelerate/repro_tp_plain_experts.py"
         assert (ROOT / finding["repro"]).is_file()
+
+
+def test_every_tp_shard_plain_is_clipped_rank_locally(accelerate_world4, accelerate_world2):
+    """Every TP shard a plain local tensor (what transformers 5.5 to 5.14 leave): accelerate has one
+    plain group and clips each rank by the norm of its own shards."""
+    if ACCELERATE.unavailable():
+        expect_skips(accelerate_world4, ACCELERATE, *TARGETS)
+        return
+    one = dict(target="accelerate-tp", dtype="fp32", clip_ratio=0.5, norm="L2")
+    four = accelerate_world4.one(layout="tp=4 tp all plain", **one)
+    assert four["verdict"] == "FAIL" and failed(four) == {"norm", "agree", "coefficient", "replicas"}
+    assert four["ratio"] < 0.9 and len(set(four["reported"])) == 4
+    two = accelerate_world2.one(layout="tp=2 tp all plain", **one)
+    assert two["verdict"] == "FAIL" and f"{two['ratio']:.6f}" == "0.916868"
+    for case in (four, two):
+        finding = case["finding"]
+        assert finding["reach"] == "stock" and "transformers 5.5 to 5.14" in finding["how"], finding
+        assert finding["repro"] == "scenarios/accelerate/repro_tp_plain_experts.py"
 
 
 def test_each_target_only_runs_its_call_path(accelerate_world4):
@@ -154,19 +173,26 @@ def run_repro(nproc: int, script: str, python: str = sys.executable, timeout: fl
 REPORT = re.compile(r"reported=(\S+) true=(\S+) ratio=(\S+)$")
 
 
+def transformers_minor() -> tuple[int, int]:
+    major, minor = importlib.metadata.version("transformers").split(".")[:2]
+    return int(major), int(minor)
+
+
 @pytest.mark.skipif(bool(ACCELERATE.unavailable()), reason=f"accelerate is not installed: {ACCELERATE.install}")
 def test_repro_tp_plain_experts():
     """The standalone reproduction: a dots.llm1 loaded with ``tp_plan="auto"``, a real backward,
-    accelerate's clip, the true norm gathered on rank 0. With transformers 4.x (checked with 4.57.6 in a
-    scratch venv: ranks 1.832339 / 1.844782, true 1.878211, ratio 0.975577 at world 2) each rank
-    reports its own, too small norm; with transformers 5 (the pinned stack) every TP shard is a
-    DTensor, no plain shard arises and the clip is exact."""
+    accelerate's clip, the true norm gathered on rank 0. Where transformers leaves TP shards plain
+    (4.x: its local_* expert styles, checked with 4.57.6: ranks 1.832339 / 1.844782, true 1.878211,
+    ratio 0.975577 at world 2; 5.5 to 5.14: every shard, checked with 5.5.4, 5.10.4, 5.14.1: ratio
+    0.88) each rank reports its own, too small norm; with transformers from 5.16 (the pinned 5.18.0)
+    every TP shard is a DTensor, no plain shard arises and the clip is exact."""
     lines = run_repro(2, "scenarios/accelerate/repro_tp_plain_experts.py")
     match = REPORT.match(lines[-1])
     assert match, lines
     reported, true, ratio = (float(x) for x in match.groups())
     by_rank = [float(x) for x in lines[-2].removeprefix("reported by rank: ").split()]
-    if transformers_major() == 4:
+    version = transformers_minor()
+    if version[0] == 4 or (5, 5) <= version < (5, 16):
         assert "plain TP-sharded gradients" in lines[-3]
         assert ratio < 0.99 and by_rank[0] != by_rank[1], lines
     else:

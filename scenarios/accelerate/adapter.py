@@ -7,7 +7,8 @@ Setup per case (``dress``), as a training script does it:
   ``accelerate`` target a ``FullyShardedDataParallelPlugin(fsdp_version=2)``;
 * tensor-parallel parameters become DTensors on accelerate's ``tp`` mesh, as transformers'
   ``from_pretrained(tp_plan=...)`` leaves them (``Shard(0)`` column-parallel, ``Shard(1)``
-  row-parallel, ``Replicate()``), or plain local shards for a ``use_dtensor=False`` style; the model
+  row-parallel, ``Replicate()``), or plain local shards for a ``use_dtensor=False`` style (transformers
+  4.x's ``grouped_gemm`` / ``local_*``, every style of transformers 5.5 to 5.14); the model
   records ``tp_size`` as transformers does (accelerate checks it in ``prepare``);
 * ``accelerator.prepare(model, optimizer)``: for FSDP2 this is accelerate's own ``fsdp2_prepare_model``
   (``fully_shard`` on ``mesh[fsdp_dim_names]``). FSDP shards what it is given, so each FSDP-sharded
@@ -61,7 +62,7 @@ from harness.targets.gradient_path import install_linear_forwards, reduced_to
 from harness.targets.target import Finding, Target, stock, torch_max_drops_nan
 
 from .framework import FRAMEWORK as ACCELERATE
-from .scenario import COLWISE, LOCAL, REPLICATE, ROWWISE, AccelerateSetup
+from .scenario import COLWISE, LOCAL, LOCAL_ROWWISE, REPLICATE, ROWWISE, AccelerateSetup
 
 _KEY = "accelerator"
 
@@ -114,7 +115,7 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
             shape[0] *= setup.dp_shard  # FSDP shards dim 0 of what it is given
         data = parameter_values(tuple(shape), p.dtype, p.device) if setup.fsdp else p.detach()
         style = setup.tp_styles.get(name)
-        if style is not None and style != LOCAL:
+        if style is not None and style not in (LOCAL, LOCAL_ROWWISE):
             data = DTensor.from_local(data, mesh[MeshAxis.TP], (_tp_placement(style),), run_check=False)
         owner.register_parameter(leaf, nn.Parameter(data, requires_grad=p.requires_grad))
     if setup.tp > 1:
@@ -201,14 +202,27 @@ TARGETS = (
                        "accelerate's _clip_grad_norm_dtensor_aware (1.15.0 and 1.16.0; the PR #4219 fix) takes the "
                        "plain-tensor group's norm rank-locally, right only while plain gradients are replicas; "
                        "transformers 4.x leaves TP-sharded experts as plain local tensors (use_dtensor=False styles), "
-                       "so each rank clips by its own, too small norm and the ranks disagree. transformers 5 makes "
-                       "every TP shard a DTensor: the pinned stack (transformers 5.18.0) never produces this layout. "
-                       "Report to huggingface/accelerate with the repro (needs transformers 4.x)",
+                       "so each rank clips by its own, too small norm and the ranks disagree. From 5.16 transformers "
+                       "makes every TP shard a DTensor: the pinned stack (transformers 5.18.0) never produces this "
+                       "layout. Report to huggingface/accelerate with the repro (run under transformers 4.x)",
                        stock("transformers 4.x (4.57.6 checked) from_pretrained(tp_plan='auto') on dots.llm1 "
                              "(local_colwise / local_rowwise experts; gpt-oss's grouped_gemm experts are the same "
                              "layout, but with torch 2.13 its biased o_proj raises in the first training forward), "
                              "trained with accelerate 1.15/1.16 ParallelismConfig(tp_size=N), accelerator.backward and "
-                             "accelerator.clip_grad_norm_; not with transformers 5 (5.18.0 checked)"),
+                             "accelerator.clip_grad_norm_ (as transformers' Trainer does for a TP model); not with "
+                             "transformers from 5.16 (5.16.1, 5.17.0, 5.18.0 checked)"),
+                       repro="scenarios/accelerate/repro_tp_plain_experts.py"),
+               Finding("*tp all plain*", None,
+                       "accelerate's clip_grad_norm_ on a TP model whose every shard is a plain local tensor: one "
+                       "group, torch.nn.utils.clip_grad_norm_ on the rank-local gradients, so each rank clips by "
+                       "the norm of its own shards and the ranks disagree; transformers 5.5 to 5.14 leave every TP "
+                       "shard plain (accelerate's prepare logs that it skips such a model's TP preparation). "
+                       "Report to huggingface/accelerate (and transformers) with the repro run under one of them",
+                       stock("transformers 5.5 to 5.14 (5.5.4, 5.10.4, 5.14.1 checked) from_pretrained(tp_plan='auto') "
+                             "on any model with a TP plan, trained with accelerate 1.15/1.16 "
+                             "ParallelismConfig(tp_size=N) and accelerator.clip_grad_norm_, as transformers' Trainer "
+                             "does for such a model (max_grad_norm=1.0 by default); not with 4.x (colwise/rowwise "
+                             "DTensors) nor from 5.16 (5.16.1, 5.17.0, 5.18.0 checked: DTensors)"),
                        repro="scenarios/accelerate/repro_tp_plain_experts.py"),
                torch_max_drops_nan("*tp mixed plain/DTensor nan*"),)),
 )

@@ -35,5 +35,6 @@ and bf16, in a venv shadowing only accelerate; the pin is 1.15.0, 1.16.0 the new
   1.15.0 on every layout; FSDP2+TP ``prepare`` still imports ``ReplicateParallel``.
 
 With transformers 4.57.6 instead of the pinned 5.18.0 (accelerate 1.15.0 and 1.16.0): the same, plus
-``fsdp2+tp`` exact.
+``fsdp2+tp`` exact. Which transformers releases produce the plain-shard layouts (``tp experts plain``:
+4.x; ``tp all plain``: 5.5 to 5.14; neither from 5.16) was checked with ``repro_tp_plain_experts.py``.
 """

@@ -1,19 +1,21 @@
-"""accelerate's ``Accelerator.clip_grad_norm_`` counts TP-sharded *plain* expert gradients rank-locally.
+"""accelerate's ``Accelerator.clip_grad_norm_`` counts TP-sharded *plain* gradients rank-locally.
 
 What it shows: ``Accelerator._clip_grad_norm_dtensor_aware`` (accelerate 1.15.0 and 1.16.0, the fix of
 accelerate PR #4219) reduces each DTensor group's norm over its mesh but takes the norm of the plain
-(non-DTensor) gradients as it stands on each rank, assuming plain gradients are replicas. transformers
-4.x leaves some tensor-parallel shards as plain local tensors (``use_dtensor=False`` styles:
-``grouped_gemm`` in gpt-oss's ``base_model_tp_plan``, ``local_colwise`` / ``local_rowwise`` in
-dots.llm1's): each rank then adds only its own expert shards, reports a norm that is too small and
-different on every rank, and clips by it.
+(non-DTensor) gradients as it stands on each rank, assuming plain gradients are replicas (with no
+DTensor at all it is ``torch.nn.utils.clip_grad_norm_`` on the rank-local gradients). Some
+transformers releases leave tensor-parallel shards as plain local tensors: 4.x its ``use_dtensor=False``
+styles (``grouped_gemm`` in gpt-oss's ``base_model_tp_plan``, ``local_colwise`` / ``local_rowwise`` in
+dots.llm1's experts), 5.5 to 5.14 every TP shard. Each rank then adds only its own shards, reports a
+norm that is too small and different on every rank, and clips by it.
 
 Who reaches it (stock): ``from_pretrained(..., tp_plan="auto")`` with **transformers 4.x** (checked:
-4.57.6) on a model whose TP plan shards experts as plain tensors, trained with accelerate's
-``ParallelismConfig(tp_size=N)``, ``accelerator.backward`` and ``accelerator.clip_grad_norm_`` (accelerate
-1.15.0, 1.16.0). Not with transformers 5 (5.18.0 checked): its TP rewrite makes every sharded parameter a
-DTensor (``MoEParamShard``, ``packed_colwise``), the plain group holds no shards and the clip is exact
-on rank 0 (ratio 1); this script says so there.
+4.57.6; MoE experts) or **5.5 to 5.14** (checked: 5.5.4, 5.10.4, 5.14.1; every sharded parameter),
+trained with accelerate's ``ParallelismConfig(tp_size=N)``, ``accelerator.backward`` and
+``accelerator.clip_grad_norm_`` (accelerate 1.15.0, 1.16.0), as transformers' ``Trainer`` sets it up
+for a TP model. Not with transformers from 5.16 (5.16.1, 5.17.0, 5.18.0 checked): its TP is built on
+DTensors (``MoEParamShard``, ``packed_colwise``), no plain shard arises and the clip is exact on rank 0
+(ratio 1); this script says so there.
 
 Here: a tiny random dots.llm1 (one dense and one MoE layer) saved and reloaded with ``tp_plan="auto"``,
 one real forward and backward of the language-model loss, accelerate's clip. (gpt-oss, whose experts
@@ -22,9 +24,10 @@ are ``grouped_gemm`` shards, raises in its first training forward with transform
 gathered on rank 0: DTensor gradients in full, plain shards (local shape unlike the checkpoint's) from
 every rank, plain full-shape gradients once (rank 0's copy: transformers 4.x's TP backward leaves
 them unequal across ranks, its ``gather`` style all-reduces the forward only; the ratio on rank 0 is
-therefore exactly the missing shards of the other ranks).
+therefore exactly the missing shards of the other ranks; with 5.x the true norm is the same as with
+DTensors).
 
-CPU only: accelerate accepts a ``ParallelismConfig`` only on accelerator devices, so without one the
+On CPU: accelerate accepts a ``ParallelismConfig`` only on accelerator devices, so without one the
 script builds ``Accelerator(cpu=True)`` and sets on its state what ``Accelerator.__init__`` sets for it
 (the config and its device mesh). Everything after is accelerate's and transformers' code.
 

@@ -33,6 +33,12 @@ group norms are combined. One group only: stock ``torch.nn.utils.clip_grad_norm_
     ``repro_tp_plain_experts.py``). The plain group is then not replicated, and accelerate's
     rank-local plain norm misses the other ranks' experts: each rank clips with its own, too small,
     norm.
+  * ``tp all plain``: every TP-sharded parameter a plain local shard (column-parallel dim 0,
+    row-parallel dim 1), norms and embedding plain replicas, no DTensor at all: what
+    ``from_pretrained(tp_plan="auto")`` leaves with transformers **5.5 to 5.14** (5.5.4, 5.10.4 and
+    5.14.1 checked; 5.16.1, 5.17.0 and the pinned 5.18.0 make DTensors again, 4.x makes DTensors of
+    colwise/rowwise) for any model with a TP plan. accelerate then has one (plain) group and calls
+    ``torch.nn.utils.clip_grad_norm_`` on rank-local gradients: each rank clips by its own shards.
 * ``... nan``: one NaN on the last rank only (its FSDP shard; a row-parallel DTensor; its plain experts),
   to see whether every rank learns of it.
 
@@ -53,9 +59,9 @@ from harness.spec.scenario import Scenario, ScenarioOptions
 
 ROWS_PER_RANK, COLS, EXPERTS_PER_RANK, EXPERT_ROWS = 4, 16, 2, 8
 
-COLWISE, ROWWISE, REPLICATE, LOCAL = "colwise", "rowwise", "replicate", "local"
+COLWISE, ROWWISE, REPLICATE, LOCAL, LOCAL_ROWWISE = "colwise", "rowwise", "replicate", "local", "local_rowwise"
 """Tensor-parallel styles: a DTensor ``Shard(0)`` / ``Shard(1)`` / ``Replicate()`` on the tp mesh, or
-a plain tensor holding this rank's shard of dim 0 (``use_dtensor=False``)."""
+a plain tensor holding this rank's shard of dim 0 / dim 1 (``use_dtensor=False``)."""
 
 EMBED = "embed_tokens.weight"
 Q_PROJ = "layers.0.self_attn.q_proj.weight"
@@ -87,7 +93,7 @@ def _dense(world_size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
 def _tp_placement(style: str | None) -> Placement:
     if style == COLWISE or style == LOCAL:
         return Shard(0)
-    if style == ROWWISE:
+    if style == ROWWISE or style == LOCAL_ROWWISE:
         return Shard(1)
     return Replicate()
 
@@ -144,6 +150,9 @@ class AccelerateParallelism(Scenario):
             add("tp all DTensor", tp, AccelerateSetup(False, 1, 1, n, replicated), "accelerate-dense")
             add("tp experts plain", tp, AccelerateSetup(False, 1, 1, n, {**tp_plan, EXPERTS: LOCAL}),
                 "accelerate-experts", experts=True)
+            # every TP shard plain (transformers 5.5-5.14); no invariance key: its clip is known to differ
+            add("tp all plain", tp, AccelerateSetup(False, 1, 1, n, {Q_PROJ: LOCAL, O_PROJ: LOCAL_ROWWISE,
+                                                                        DOWN_PROJ: LOCAL_ROWWISE}), None)
             # a NaN on the last tp rank only: in a row-parallel DTensor (last column), or in its plain experts
             add("tp mixed plain/DTensor nan", tp, AccelerateSetup(False, 1, 1, n, tp_plan), None,
                 nan_at=(DOWN_PROJ, COLS - 1))
