@@ -24,7 +24,7 @@ on others; replicas its hooks would make of distinct gradients) the runner's bit
 from __future__ import annotations
 
 import types
-from typing import Iterator, Mapping, Sequence, cast
+from typing import Callable, Iterator, Mapping, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 
-def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> None:
+def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tensor],
+                            runs: Callable[[nn.Module], bool] | None = None) -> None:
     """Give ``root`` and every module below it a forward whose output is linear in the parameters
     named in ``directions`` (full dotted names from ``root``): ``sum(local(param) * direction)`` over
     the module's own parameters, plus the outputs of its children, called from inside it. The
@@ -44,7 +45,13 @@ def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tens
     for the forward (FSDP2) is the one differentiated; a DTensor parameter is differentiated through
     its local tensor (``to_local``), so its gradient is ``direction`` with the parameter's placements
     and no collective runs. Modules keep their classes and hooks; only ``forward`` is replaced, on the
-    instance."""
+    instance.
+
+    ``runs``: which modules are *called* (their forward hooks fire), None for every one. A module it
+    refuses is not called: its parameters' terms (and those of its children that are not called
+    either) are summed inside the nearest module that is, reading the parameters from their own
+    modules as before. For modules whose hooks expect activations, not the linear loss's empty call
+    (tensor-parallel input/output redistribution on a linear layer) and act on no gradient."""
     own: dict[str, list[tuple[str, torch.Tensor]]] = {}
     for name, direction in directions.items():
         module_path, _, leaf = name.rpartition(".")
@@ -56,17 +63,19 @@ def install_linear_forwards(root: nn.Module, directions: Mapping[str, torch.Tens
             param = getattr(module, leaf)
             local = param.to_local() if isinstance(param, DTensor) else param
             total = total + (local * direction).sum().to(torch.float64).cpu()
-        for child in module.children():
-            total = total + child()
+        for name, child in module.named_children():
+            child_path = f"{path}.{name}" if path else name
+            total = total + (child() if runs is None or runs(child) else linear_forward(child, child_path))
         return total
 
     for path, module in root.named_modules():
         module.forward = types.MethodType(lambda self, _path=path: linear_forward(self, _path), module)
 
 
-def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> None:
+def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor],
+                    runs: Callable[[nn.Module], bool] | None = None) -> None:
     """One forward and backward of the linear loss through ``root`` (its hooks included)."""
-    install_linear_forwards(root, directions)
+    install_linear_forwards(root, directions, runs)
     root().backward()
 
 
