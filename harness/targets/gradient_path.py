@@ -24,7 +24,7 @@ on others; replicas its hooks would make of distinct gradients) the runner's bit
 from __future__ import annotations
 
 import types
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -66,19 +66,27 @@ def backward_linear(root: nn.Module, directions: Mapping[str, torch.Tensor]) -> 
     root().backward()
 
 
-def reduced_to(param: DTensor, target: torch.Tensor, factor: float) -> torch.Tensor:
+def reduced_to(param: DTensor, target: torch.Tensor, factor: float,
+               over: Sequence[int] | None = None) -> torch.Tensor:
     """The unsharded direction this rank contributes so that a reduction over ``param``'s mesh that
     sums every rank's unsharded gradient, divides by ``factor`` and keeps each rank's shard (FSDP2's
     reduce-scatter, HSDP's all-reduce over the replicas) leaves exactly ``target`` (this rank's local
     gradient) on this rank: ``target * factor`` in this rank's slice of the unsharded tensor when it is
     the first coordinate of every ``Replicate`` mesh axis, zero everywhere else. Exact when ``factor``
-    is a power of two and ``target * factor`` stays finite."""
+    is a power of two and ``target * factor`` stays finite.
+
+    ``over``: the mesh dims the reduction acts on (FSDP's), None for all of them. The other dims keep
+    their placements in the "unsharded" tensor: FSDP2 on a parameter that is already a DTensor on
+    another mesh dim (expert parallelism, TP) unshards only its own dims, so its unsharded gradient
+    is still this rank's part along the others."""
     mesh = param.device_mesh
     coordinate = mesh.get_coordinate()
     assert coordinate is not None, "this rank is not in the parameter's mesh"
-    full = torch.zeros(param.shape, dtype=target.dtype, device=target.device)
-    if all(coordinate[axis] == 0 for axis, placement in enumerate(param.placements)
-           if isinstance(placement, Replicate)):
+    dims = range(mesh.ndim) if over is None else over
+    kept = [placement if axis not in dims else Replicate() for axis, placement in enumerate(param.placements)]
+    unsharded_shape, base = compute_local_shape_and_global_offset(param.shape, mesh, kept)
+    full = torch.zeros(unsharded_shape, dtype=target.dtype, device=target.device)
+    if all(coordinate[axis] == 0 for axis in dims if isinstance(param.placements[axis], Replicate)):
         shape, offset = compute_local_shape_and_global_offset(param.shape, mesh, param.placements)
-        full[tuple(slice(o, o + n) for o, n in zip(offset, shape))] = target * factor
+        full[tuple(slice(o - b, o - b + n) for o, b, n in zip(offset, base, shape))] = target * factor
     return full
