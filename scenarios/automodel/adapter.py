@@ -168,7 +168,7 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
     with stand_ins.cpu_stand_ins():
         moe = _moe(setup, dtype)
         setattr(block, "mlp", moe)
-        setattr(model, "moe_config", moe.experts.config)  # what Automodel's MoE models expose
+        setattr(model, "moe_config", moe.get_submodule("experts").config)  # what Automodel's MoE models expose
         _automodel("components.moe.parallelizer").parallelize_model(
             model, world_mesh=device_mesh, moe_mesh=moe_mesh,
             mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32), **axes)

@@ -79,7 +79,7 @@ def _linear_loss(module: nn.Module, rank: int, path: str = "") -> torch.Tensor:
         g = torch.Generator().manual_seed(zlib.crc32(f"{rank}{path}.{name}".encode()))
         total = total + (local * torch.randn(local.shape, generator=g)).sum().double()
     for name, child in module.named_children():
-        child.forward = (lambda c=child, n=f"{path}.{name}": _linear_loss(c, rank, n))  # type: ignore[method-assign]
+        child.forward = (lambda c=child, n=f"{path}.{name}": _linear_loss(c, rank, n))
         total = total + child()
     return total
 
@@ -117,11 +117,12 @@ def main() -> None:
     with torch.no_grad():
         for p in model.parameters():
             (p.to_local() if isinstance(p, DTensor) else p).fill_(1.0)
-    model.forward = lambda: _linear_loss(model, rank)  # type: ignore[method-assign]
+    model.forward = lambda: _linear_loss(model, rank)
     model().backward()
 
     squares = torch.zeros((), dtype=torch.float64)
     for p in model.parameters():
+        assert p.grad is not None
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
         squares += grad.double().square().sum()
     dist.all_reduce(squares)

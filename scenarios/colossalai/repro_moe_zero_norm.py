@@ -33,7 +33,7 @@ import torch.nn as nn
 def _cpu_as_cuda() -> None:
     from colossalai.accelerator import CpuAccelerator, set_accelerator
 
-    class CpuAsCuda(CpuAccelerator):  # type: ignore[misc]
+    class CpuAsCuda(CpuAccelerator):
         def __init__(self) -> None:
             super().__init__()
             self._name = "cuda"
@@ -56,7 +56,7 @@ def _cpu_as_cuda() -> None:
 def _no_shard_policy() -> Any:
     from colossalai.shardformer.policies.base_policy import Policy
 
-    class NoShard(Policy):  # type: ignore[misc]
+    class NoShard(Policy):
         def config_sanity_check(self) -> None:
             return None
 
@@ -101,9 +101,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = MoEBlock(4 // world)
     torch.manual_seed(1 + rank)  # every EP rank its own experts and tokens
-    for expert in model.experts:
-        nn.init.normal_(expert.weight)
-        set_moe_tensor_ep_group(expert.weight, plugin.ep_group)
+    for name, p in model.named_parameters():
+        if name.startswith("experts."):
+            nn.init.normal_(p)
+            set_moe_tensor_ep_group(p, plugin.ep_group)
     booster = Booster(plugin=plugin)
     model, optimizer, *_ = booster.boost(model, Frozen(model.parameters(), lr=0.0))
     x = torch.randn(8, 16, dtype=torch.bfloat16)
