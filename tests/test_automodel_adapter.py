@@ -8,22 +8,17 @@ fails exactly as NVIDIA-NeMo/Automodel #3816 describes. The standalone reproduct
 0.7.0 it must show the fix). Where Automodel is not installed, every case is a skip with the hint."""
 
 import importlib.metadata
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from harness.scenarios.automodel import FRAMEWORK as AUTOMODEL
 from harness.scenarios.automodel.framework import RELEASES
 from harness_runs import expect_skips, failed, run_harness
+from repro_runs import run_repro
 
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[1]
-REPRO = ROOT / "scenarios" / "automodel" / "repro_te_experts_ep_norm.py"
+REPRO = "scenarios/automodel/repro_te_experts_ep_norm.py"
 LAYOUTS = {"dp_shard_cp=4 dense fsdp",
            *(f"{mesh} {kind}" for mesh in ("ep_fsdp=2 ep=2", "ep_fsdp=1 ep=4") for kind in ("te experts", "torch experts"))}
 
@@ -97,7 +92,7 @@ def test_unmarked_te_experts_are_synthetic_and_fail_as_in_issue_3816(automodel_w
     assert "rank 1: 0.704687" in l2["checks"]["norm"]["detail"]
     linf = run.one(target="automodel", layout="ep_fsdp=1 ep=2 te experts unmarked", norm="Linf", dtype="fp32")
     assert linf["verdict"] == "FAIL" and f"{linf['ratio']:.6f}" == "0.997916"
-    assert l2["finding"]["repro"] == "scenarios/automodel/repro_te_experts_ep_norm.py"
+    assert l2["finding"]["repro"] == REPRO
 
 
 @pytest.mark.parametrize("nproc", [2])
@@ -106,14 +101,8 @@ def test_repro_te_experts_ep_norm(nproc):
     before it (0.6.0) the norm misses the other EP ranks' experts."""
     if AUTOMODEL.unavailable():
         pytest.skip(AUTOMODEL.unavailable())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(REPRO)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    last = out.stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"reported=(\S+) true=(\S+) ratio=(\S+)", last)
-    assert match, out.stdout
+    _, reported, true, ratio = run_repro(REPRO, nproc)
     if _version() >= "0.7.0":
-        assert match[3] == "1.000000", last  # PR #3817 holds
+        assert ratio == "1.000000", (reported, true)  # PR #3817 holds
     else:
-        assert float(match[3]) < 0.9, last  # #3816: the other EP rank's experts are missing
+        assert float(ratio) < 0.9, (reported, true)  # #3816: the other EP rank's experts are missing

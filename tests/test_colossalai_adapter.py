@@ -9,11 +9,7 @@ by no configuration, raises. The standalone reproduction runs too. Where it is n
 cases must be skips carrying the install hint."""
 
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +18,7 @@ from harness.scenarios.colossalai.scenario import EXPERT_PREFIX, moe_layout
 from harness.spec.injection import Injection
 from harness.spec.model import local_grad
 from harness_runs import failed, run_harness
+from repro_runs import run_repro
 
 pytestmark = pytest.mark.distributed
 
@@ -30,8 +27,7 @@ RATIOS_W4_EP2 = ["0.782529", "1.187420"] * 2
 """world 4, edp=2 ep=2, bf16, L2: each rank's reported / true (ranks with ep coordinate 0, 1, 0, 1)."""
 
 
-ROOT = Path(__file__).resolve().parents[1]
-REPRO = ROOT / "scenarios" / "colossalai" / "repro_moe_zero_norm.py"
+REPRO = "scenarios/colossalai/repro_moe_zero_norm.py"
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +93,7 @@ def test_zero_step_adds_store_norms_and_misses_ep(run_name, request):
             continue
         assert case["verdict"] == "FAIL", layout
         assert {"norm", "agree"} <= failed(case), layout
-        assert case["finding"]["reach"] == "stock" and case["finding"]["repro"] == "scenarios/colossalai/repro_moe_zero_norm.py"
+        assert case["finding"]["reach"] == "stock" and case["finding"]["repro"] == REPRO
         rel = 1e-5  # the gradients ZeRO holds are the generated ones, bit for bit
         for got, want in zip(case["reported"], predicted(case["world_size"], layout, case["dtype"]), strict=True):
             assert got == pytest.approx(want, rel=rel), layout
@@ -139,14 +135,9 @@ def test_repro_moe_zero_norm(nproc):
     """The standalone reproduction (no clipcheck): rank 0 reports ||dense|| + ||own experts||."""
     if COLOSSALAI.unavailable():
         pytest.skip(COLOSSALAI.unavailable())
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                          str(REPRO)], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for line in out.stdout.splitlines():  # every rank: exactly the linear sum of its stores' norms
+    stdout, _, _, ratio = run_repro(REPRO, nproc)
+    for line in stdout.splitlines():  # every rank: exactly the linear sum of its stores' norms
         if line.startswith("rank "):
             reported, linear = re.findall(r"\d+\.\d+", line)
             assert reported == linear, line
-    match = re.fullmatch(r"reported=(\S+) true=(\S+) ratio=(\S+)", out.stdout.strip().splitlines()[-1])
-    assert match, out.stdout
-    assert match[3] == "1.139639"  # ColossalAI 0.5.0; 1.000000 once fixed
+    assert ratio == "1.139639"  # ColossalAI 0.5.0; 1.000000 once fixed

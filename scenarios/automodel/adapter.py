@@ -72,7 +72,7 @@ from harness.spec.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, stock, synthetic
 
-from . import stand_ins
+from .stand_ins import cpu_stand_ins, deepep_usable, ensure_imported
 from .framework import FRAMEWORK as AUTOMODEL
 from .scenario import DIM, EXPERTS, HIDDEN, NUM_EXPERTS, PREFIX, UNMARKED_SYNTHETIC, AutomodelSetup
 
@@ -150,9 +150,9 @@ def _moe(setup: AutomodelSetup, dtype: torch.dtype) -> nn.Module:
 def dress(model: nn.Module, ctx: CaseContext) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    stand_ins.ensure_imported()
+    ensure_imported()
     setup = ctx.case.variant.info_as(AutomodelSetup)
-    if setup.te and not stand_ins.deepep_usable():
+    if setup.te and not deepep_usable():
         raise RuntimeError("Automodel's moe/megatron/fused_a2a was imported before the DeepEP stand-in: "
                            "its TE experts cannot get a dispatcher in this process")
     dtype = next(p.dtype for p in model.parameters())
@@ -165,7 +165,7 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
     block = model.get_submodule(PREFIX.rstrip("."))
     for child in ("self_attn", "input_layernorm"):
         _regrow_on_meta(block.get_submodule(child), {0: fsdp_size})
-    with stand_ins.cpu_stand_ins():
+    with cpu_stand_ins():
         moe = _moe(setup, dtype)
         setattr(block, "mlp", moe)
         setattr(model, "moe_config", moe.get_submodule("experts").config)  # what Automodel's MoE models expose
@@ -186,8 +186,9 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
 def _fsdp_dims(param: DTensor) -> list[int]:
     """The mesh dims FSDP2 reduces ``param``'s gradient over: all but Automodel's ``ep`` axis (which
     ``ExpertParallel`` shards and nothing reduces)."""
+    ep = _automodel("components.distributed.mesh").MeshAxisName.EP
     names = param.device_mesh.mesh_dim_names or ()
-    return [dim for dim, name in enumerate(names) if name != "ep"]
+    return [dim for dim, name in enumerate(names) if name != ep]
 
 
 def backward(model: nn.Module, ctx: CaseContext, grads: dict[str, torch.Tensor | None]) -> None:
