@@ -275,7 +275,7 @@ TARGETS = (
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
            backward=backward, dtypes=_BF16_ONLY, norm_types=(2.0,),
            findings=(
-               Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP; closed) and the "
+               Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the "
                        "MoE-ZeRO linear composition of the stores' norms (0.5.0 and HEAD, code)",
                        "step() adds the stores' norms, ||dense|| + ||own experts||, and the expert store's norm is "
                        "reduced over moe_dp only, never over ep: rank-dependent, neither norm",
