@@ -17,3 +17,8 @@ FRAMEWORK = Framework(
     f"pip install --no-deps nemo-automodel==0.7.0 && pip install --no-deps {_DEPS}",
     recipe=("pip install --no-deps nemo-automodel==0.7.0", f"pip install --no-deps {_DEPS}"),
 )
+
+RELEASES = ("0.6.0", "0.7.0")
+"""The releases the adapter runs on, oldest first: 0.7.0 is the pin (and the newest); 0.6.0, installed
+into a scratch venv (``pip install --no-deps nemo-automodel==0.6.0`` over this one), predates PR
+#3817 and reproduces #3816 on its stock TE experts."""
