@@ -17,9 +17,6 @@ _RECIPE = (
     f"pip install --no-deps {HF_STACK}",
 )
 
-FRAMEWORK = Framework(
-    "accelerate", "accelerate.utils.fsdp_utils", "accelerate", " && ".join(_RECIPE), recipe=_RECIPE,
-)
 
 RELEASES = ("1.14.0", "1.15.0", "1.16.0")
 """The releases the adapter was run against, oldest first (torch 2.13 on CPU/gloo, worlds 2 and 4, fp32
@@ -38,3 +35,7 @@ With transformers 4.57.6 instead of the pinned 5.18.0 (accelerate 1.15.0 and 1.1
 ``fsdp2+tp`` exact. Which transformers releases produce the plain-shard layouts (``tp experts plain``:
 4.x; ``tp all plain``: 5.5 to 5.14; neither from 5.16) was checked with ``repro_tp_plain_experts.py``.
 """
+
+FRAMEWORK = Framework(
+    "accelerate", "accelerate.utils.fsdp_utils", "accelerate", " && ".join(_RECIPE), recipe=_RECIPE,
+    releases=RELEASES)

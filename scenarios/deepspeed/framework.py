@@ -2,11 +2,6 @@
 
 from harness.targets.frameworks import Framework
 
-FRAMEWORK = Framework(
-    "deepspeed", "deepspeed.runtime.utils", "deepspeed",
-    "pip install 'clipcheck[deepspeed]' (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8)",
-    recipe=("DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8",),
-)
 
 RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.8")
 """DeepSpeed releases that install here on CPU and run both adapters (``deepspeed`` and
@@ -17,3 +12,9 @@ sees the project's packages (ARCHITECTURE.md, "scratch venvs"):
 (the project venv's hjson, ninja, py-cpuinfo, msgpack, pydantic 2, psutil serve all six). Every one
 gives the same numbers at world 2 (the mean of per-rank norms under ep > 1, the idle-rank IndexError /
 RuntimeError); both repro scripts run unchanged on 0.14.5 and 0.19.8."""
+
+FRAMEWORK = Framework(
+    "deepspeed", "deepspeed.runtime.utils", "deepspeed",
+    "pip install 'clipcheck[deepspeed]' (CPU: DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8)",
+    recipe=("DS_BUILD_OPS=0 pip install --no-build-isolation deepspeed==0.19.8",),
+    releases=RELEASES)

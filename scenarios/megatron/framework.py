@@ -2,11 +2,6 @@
 
 from harness.targets.frameworks import Framework
 
-FRAMEWORK = Framework(
-    "megatron-core", "megatron.core.optimizer.clip_grads", "megatron-core",
-    "pip install --no-deps megatron-core==0.16.1",
-    recipe=("pip install --no-deps megatron-core==0.16.1",),
-)
 
 RELEASES = ("0.16.1", "0.19.2")
 """megatron-core releases the adapter runs with here (CPU, gloo, Python 3.11), oldest first: the pin and
@@ -21,3 +16,11 @@ sees the project's packages (ARCHITECTURE.md, "scratch venvs"):
 What differs: 0.16.1 cannot build the ``experts grouped GEMM (TE)`` variant here (its marks live in
 ``TEGroupedLinear.__init__``, Transformer Engine only: SKIP); 0.19.2 marks them with
 ``_set_expert_parameter_attributes`` (Megatron-LM PR #5916) and every case passes."""
+
+FRAMEWORK = Framework(
+    "megatron-core", "megatron.core.optimizer.clip_grads", "megatron-core",
+    "pip install --no-deps megatron-core==0.16.1",
+    recipe=("pip install --no-deps megatron-core==0.16.1",),
+    releases=RELEASES,
+    release_recipes={"0.19.2": ("pip install --no-deps --ignore-requires-python megatron-core==0.19.2",
+                                "pip install --no-deps triton==3.7.1")})

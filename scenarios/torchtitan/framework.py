@@ -2,11 +2,6 @@
 
 from harness.targets.frameworks import Framework
 
-FRAMEWORK = Framework(
-    "torchtitan", "torchtitan.distributed.utils", "torchtitan",
-    "pip install --no-deps torchtitan==0.3.0 && pip install spmd_types==0.2.3 tyro",
-    recipe=("pip install --no-deps torchtitan==0.3.0", "pip install spmd_types==0.2.3 tyro"),
-)
 
 RELEASES = ("0.3.0",)
 """The releases that install here and run the adapter, oldest first; 0.3.0 is the newest on the index
@@ -17,3 +12,9 @@ Their clip is the same: 0.2.2's ``clip_grad_norm_`` is 0.3.0's line for line, 0.
 ``full_tensor()`` on the non-EP norm unconditionally (the crash of torchtitan PR #2270 when every
 parameter is on the expert mesh), and both reproduce ``repro_experts_without_ep_dim.py`` as 0.3.0 does;
 0.1.0 has no ``ep_enabled``."""
+
+FRAMEWORK = Framework(
+    "torchtitan", "torchtitan.distributed.utils", "torchtitan",
+    "pip install --no-deps torchtitan==0.3.0 && pip install spmd_types==0.2.3 tyro",
+    recipe=("pip install --no-deps torchtitan==0.3.0", "pip install spmd_types==0.2.3 tyro"),
+    releases=RELEASES)

@@ -18,8 +18,11 @@ from harness.targets.frameworks import Framework
 
 _DEPS = HF_STACK
 
+RELEASES = ("0.1.12",)
+"""The newest release on the index is the pin; no other one was run."""
+
 FRAMEWORK = Framework(
     "veomni", "veomni.distributed.fsdp2.clip_grad_norm", "veomni",
     f"pip install --no-deps veomni==0.1.12 && pip install --no-deps {_DEPS}",
     recipe=("pip install --no-deps veomni==0.1.12", f"pip install --no-deps {_DEPS}"),
-)
+    releases=RELEASES)
