@@ -9,28 +9,12 @@ reported only when its value matches what the target reported, within the dtype'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from harness.clipmath import is_inf_norm
 from harness.spec.layout import MeshSpec
+from harness.judge.records import Evidence
 from harness.judge.truth import norms_agree
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What a hypothesis may use: the truth and the norms other mistakes would have produced."""
-
-    truth: float
-    norm_type: float
-    mesh: MeshSpec
-    local_norms: Sequence[float]
-    declared_norm: float
-    declared_mismatches: Sequence[str]
-    unreduced: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    """Per mesh axis of size > 1: what each rank reports when the reduction skips that axis."""
-    replicas_counted: Mapping[str, float] = field(default_factory=dict)
-    """Per mesh axis of size > 1: the norm with copies along that axis counted as distinct."""
 
 
 def _power_phrase(k: int, norm_type: float, inverse: bool) -> str:

@@ -17,7 +17,7 @@ import math
 from typing import Mapping
 
 from harness.clipmath import combine, is_inf_norm, root
-from harness.run.measure import Replication, StatsTable
+from harness.judge.records import Replication, StatsTable
 from harness.spec.layout import MeshSpec, Replicate
 
 CROSS_CHECK_RTOL = 1e-9
