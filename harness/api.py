@@ -23,8 +23,8 @@ from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_re
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.targets.loading import load_object
-from harness.spec.matrix import spec_from_mapping
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.matrix import spec_from_mapping
+from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
 from harness.report.reporter import Reporter

@@ -28,9 +28,9 @@ from harness.report.reporter import case_json
 from harness.run.pool import RankPool
 from harness.run.on_pool import run_case_on_pool
 from harness.targets.registry import registered_targets
-from harness.spec.blob import case_spec, replay_command
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, box_contains, unravel
+from harness.cases.blob import case_spec, replay_command
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, box_contains, unravel
 from harness.strategies import DrawnCase, DrawnScenario, drawn_cases
 from harness.targets.target import resolve_target
 

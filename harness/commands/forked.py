@@ -37,7 +37,7 @@ from typing import IO, Any, Callable, Sequence
 import torch
 
 from harness.run.pool import die_with_parent
-from harness.spec.plan import Plan
+from harness.cases.plan import Plan
 
 
 def fork_problem(backend: str, spawn_requested: bool) -> str | None:

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.judge.checks import unjudged_result
 from harness.commands.forked import fork_problem, forked_rank
 from harness.commands.options import add_selection_options, add_spawn_ranks_option, spec_from_args, unwritable
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.judge.metamorphic import metamorphic_groups
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.plan import Plan, plan_cases
 from harness.judge.records import CaseRecord, Record, case_records, read_records
 from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged

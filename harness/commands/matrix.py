@@ -37,7 +37,7 @@ from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
 from harness.judge.metamorphic import metamorphic_groups
-from harness.spec.plan import Plan, UsageError, plan_cases
+from harness.cases.plan import Plan, UsageError, plan_cases
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, read_records
 from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged

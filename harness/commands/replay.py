@@ -1,12 +1,12 @@
-"""``clipcheck --replay BLOB``: run the one case a fuzz failure printed (the blob: ``harness.spec.blob``),
+"""``clipcheck --replay BLOB``: run the one case a fuzz failure printed (the blob: ``harness.cases.blob``),
 under torchrun at the world size it needs, or on a world of ranks started for it."""
 
 from __future__ import annotations
 
 import sys
 
-from harness.spec.blob import case_spec, decode_trusted
-from harness.spec.plan import Plan, UsageError
+from harness.cases.blob import case_spec, decode_trusted
+from harness.cases.plan import Plan, UsageError
 from harness.strategies import DrawnScenario
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target

@@ -28,7 +28,7 @@ from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
 from harness.commands.options import add_selection_options, quiet_torch_warnings, spec_from_args, unwritable
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.plan import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
 from harness.report.reporter import Reporter

@@ -20,7 +20,7 @@ import re
 from typing import Mapping, Sequence
 
 from harness.judge.records import CaseResult, GroupWeight
-from harness.spec.case import CaseSpec, bound_label
+from harness.cases.variant import CaseSpec, bound_label
 
 
 

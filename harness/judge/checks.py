@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.clipmath import clip_coefficient
-from harness.spec.layout import MeshSpec, Replicate, Shard
+from harness.cases.layout import MeshSpec, Replicate, Shard
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.records import CaseResult, Check, Replication, StatsTable, Verdict
 from harness.judge.signatures import Evidence, explain, holds_on

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping, Sequence, TypeAlias, TypedDict, cast
 
 from harness.clipmath import combine, root
-from harness.spec.case import CaseSpec
-from harness.spec.layout import MeshSpec
+from harness.cases.variant import CaseSpec
+from harness.cases.layout import MeshSpec
 
 JsonNumber: TypeAlias = "float | int | str | None"
 """A number as written: finite floats as themselves, non-finite ones as "nan"/"inf"/"-inf"."""

@@ -12,7 +12,7 @@ import math
 from typing import Sequence
 
 from harness.clipmath import is_inf_norm
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 from harness.judge.records import Evidence
 from harness.judge.truth import norms_agree
 

@@ -16,7 +16,7 @@ import json
 import math
 from typing import IO, Any, Iterable, Mapping
 
-from harness.spec.case import bound_label
+from harness.cases.variant import bound_label
 from harness.judge.blame import blame_lines, blame_summary, blame_tolerance, weight_line
 from harness.judge.checks import CaseResult
 from harness.judge.tolerance import NORM_RTOL

@@ -13,8 +13,8 @@ from harness.judge.blame import (additivity_note, blame_key, blame_reason, blame
 from harness.judge.checks import CaseResult, surviving_signature
 from harness.run.runner import run_case
 from harness.run.world import DistWorld
-from harness.spec.case import CaseSpec
-from harness.spec.scenario import Scenario
+from harness.cases.variant import CaseSpec
+from harness.cases.scenario import Scenario
 from harness.targets.target import Target
 
 

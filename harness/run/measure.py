@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from harness.clipmath import combine, pow_sum, root
 from harness.judge.records import Replication, StatsTable
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 
 _ABSENT = torch.iinfo(torch.int32).min  # the identity of MAX: what a rank without the gradient sends
 _HEADER = 2  # numel, itemsize: a shape mismatch shows up as a spread too

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.judge.checks import CaseResult, unjudged_result
 from harness.run.pool import RankPool, RankResult, current_world
 from harness.targets.registry import registered_targets
 from harness.run.blame import run_case_with_blame
-from harness.spec.scenario import Scenario
+from harness.cases.scenario import Scenario
 from harness.targets.target import resolve_target
 
 

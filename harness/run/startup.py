@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from harness.spec.plan import Plan
+from harness.cases.plan import Plan
 
 
 def usable_cores() -> int:

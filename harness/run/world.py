@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from harness.run.devices import nccl_error_environment
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 from harness.run.release import release_peers
 from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, LayoutError, Placement
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, LayoutError, Placement
 
 DeclaredPlan = Mapping[str, Mapping[str, Placement]]
 """What the framework under test *believes*: parameter name -> mesh axis -> placement."""

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from harness.spec.case import parse_norm_type
-from harness.spec.layout import LayoutError
+from harness.cases.variant import parse_norm_type
+from harness.cases.layout import LayoutError
 
 DEFAULT_CLIP_RATIOS = (0.5, 2.0)
 """A bound below the true norm (clipping happens) and one above it (the no-clip branch)."""
