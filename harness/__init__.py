@@ -7,6 +7,8 @@ Public API for users writing their own clip targets or scenarios:
 * ``Injection`` (what the gradients are), ``Variant`` and ``Scenario`` (a family of layouts).
 * ``check(target, scenarios=..., worlds=[2, 4])`` -> ``CheckReport``: the built-in scenarios against
   your clip from Python, on warm worlds (``harness.api``).
+* ``audit(model, clip, max_norm=...)`` -> ``AuditReport``, and ``auditing(...)``: your clip judged on your
+  own model after your own backward, inside your own launch (``harness.audit``).
 """
 
 import importlib
@@ -67,6 +69,7 @@ _EXPORTS = {
     "Replicate": ".cases.layout", "Shard": ".cases.layout", "param": ".cases.layout",
     "Scenario": ".cases.scenario", "ScenarioOptions": ".cases.scenario",
     "check": ".api", "CheckReport": ".api",
+    "audit": ".audit", "auditing": ".audit", "AuditReport": ".audit",
 }
 
 
@@ -79,6 +82,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "AuditReport",
     "CaseContext",
     "CaseSpec",
     "CheckReport",
@@ -93,6 +97,8 @@ __all__ = [
     "ScenarioOptions",
     "Shard",
     "Variant",
+    "audit",
+    "auditing",
     "check",
     "context",
     "declared_from_layout",

@@ -38,3 +38,6 @@ class MeshAxis(StrEnum):
     such as an embedding shared by the first and last stage, is present on both)."""
     CP = "cp"
     """Context parallel: ranks of the axis hold the same (all-reduced) gradients."""
+    WORLD = "world"
+    """Every rank of a job, in rank order: the one axis of a layout measured on a job whose mesh the
+    audit does not know (``harness.audit``)."""

@@ -22,11 +22,11 @@ import math
 import os
 import sys
 import zlib
-from typing import Any
+from typing import Any, Mapping
 
 from harness.cases.variant import CaseSpec, Variant, parse_norm_type
 from harness.cases.injection import Injection
-from harness.cases.layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
+from harness.cases.layout import Layout, LayoutError, MeshSpec, ParamSpec, Piece, Placement, Replicate, Shard
 from harness.cases.plan import UsageError
 from harness.targets.loading import is_import_path
 from harness.strategies import DrawnCase, DrawnScenario
@@ -48,19 +48,17 @@ def _num(x: float) -> Any:
     return x if math.isfinite(x) else str(x)
 
 
-def encode(drawn: DrawnCase, target: str) -> str:
-    variant = drawn.variant
+def variant_doc(variant: Variant) -> dict[str, Any]:
+    """A variant as JSON-able data: what a blob (and an audit file, ``harness.cases.measured``) holds."""
     layout, injection = variant.layout, variant.injection
-    doc = {
-        "world": drawn.world_size,
-        "target": target,
-        "norm": _num(drawn.norm_type),
-        "max_norm": drawn.max_norm,
+    doc: dict[str, Any] = {
         "label": variant.label,
         "mesh": [list(d) for d in layout.mesh.axes],
         "params": [
             [s.name, list(s.shape), {d: _placement(p) for d, p in s.placements},
              None if s.present_ranks is None else sorted(s.present_ranks), s.trainable]
+            + ([[None if q is None else [q.source, q.start, list(q.shape), q.dtype, q.norm] for q in s.pieces]]
+               if s.pieces is not None else [])
             for s in layout
         ],
         "declared": {n: {d: _placement(p) for d, p in axes.items()} for n, axes in variant.declared.items()},
@@ -72,6 +70,35 @@ def encode(drawn: DrawnCase, target: str) -> str:
             "nonfinite": [list(x) for x in injection.nonfinite],
         },
     }
+    if injection.zero_on:
+        doc["injection"]["zero_on"] = {n: sorted(r) for n, r in injection.zero_on}
+    return doc
+
+
+def variant_from_doc(doc: Mapping[str, Any]) -> Variant:
+    """The variant ``variant_doc`` wrote (LayoutError, KeyError, TypeError or ValueError if it is not one)."""
+    mesh = MeshSpec(tuple((str(n), int(s)) for n, s in doc["mesh"]))
+    params = tuple(
+        ParamSpec(name, tuple(shape), tuple((d, _unplacement(p)) for d, p in placements.items()),
+                  None if present is None else frozenset(present), trainable,
+                  None if not pieces else tuple(None if q is None else Piece(str(q[0]), int(q[1]), tuple(q[2]),
+                                                                           q[3], None if q[4] is None else float(q[4]))
+                                                for q in pieces[0]))
+        for name, shape, placements, present, trainable, *pieces in doc["params"]
+    )
+    inj = doc["injection"]
+    injection = Injection(seed=inj["seed"], dtype=inj["dtype"], scale=inj["scale"], zero=frozenset(inj["zero"]),
+                          none_on=tuple((n, frozenset(r)) for n, r in inj["none_on"].items()),
+                          nonfinite=tuple(tuple(x) for x in inj["nonfinite"]),
+                          zero_on=tuple((n, frozenset(r)) for n, r in inj.get("zero_on", {}).items()))
+    declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
+    return Variant(doc["label"], Layout(mesh, params), injection, declared,
+                   dtensor=bool(doc.get("dtensor", False)), plain=frozenset(map(str, doc.get("plain", []))))
+
+
+def encode(drawn: DrawnCase, target: str) -> str:
+    doc = {"world": drawn.world_size, "target": target, "norm": _num(drawn.norm_type), "max_norm": drawn.max_norm,
+           **variant_doc(drawn.variant)}
     raw = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 9)
     return _PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -87,19 +114,7 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
         if inflater.unconsumed_tail:
             raise ValueError(f"it decompresses to more than {MAX_DECOMPRESSED} bytes")
         doc = json.loads(raw)
-        mesh = MeshSpec(tuple((str(n), int(s)) for n, s in doc["mesh"]))
-        params = tuple(
-            ParamSpec(name, tuple(shape), tuple((d, _unplacement(p)) for d, p in placements.items()),
-                      None if present is None else frozenset(present), trainable)
-            for name, shape, placements, present, trainable in doc["params"]
-        )
-        inj = doc["injection"]
-        injection = Injection(seed=inj["seed"], dtype=inj["dtype"], scale=inj["scale"], zero=frozenset(inj["zero"]),
-                              none_on=tuple((n, frozenset(r)) for n, r in inj["none_on"].items()),
-                              nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
-        declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
-        variant = Variant(doc["label"], Layout(mesh, params), injection, declared,
-                          dtensor=bool(doc.get("dtensor", False)), plain=frozenset(map(str, doc.get("plain", []))))
+        variant = variant_from_doc(doc)
         world = int(doc["world"])
         if not 1 <= world <= MAX_WORLD:
             raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")

@@ -49,6 +49,41 @@ Box = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
+class Piece:
+    """What one rank holds of a *measured* parameter (``harness.audit``), where no mesh placement says it.
+
+    A measured layout lays every distinct gradient a job held (one replica class: the holders of
+    bit-identical copies) out in one value space shared by the whole layout: the class is the range
+    ``[start, start + numel)`` of that space, and each holder holds it at its own local ``shape``
+    (FSDP's uneven last shard included). Two holdings with the same ``start`` are copies of each other,
+    under one name or two (a weight tied between the first and the last pipeline stage); distinct
+    ranges never overlap. ``source`` names the parameter the values belong to (the first name holding
+    them), which is the name injection options (``zero``, ``nonfinite``) and the blame's groups
+    attribute them to; ``dtype`` is the gradient's dtype where it differs from the injection's;
+    ``norm``, the 2-norm the measured gradient had: the injected values are scaled to it, so a replay
+    has the measured norms, per gradient, per rank and in all (``Injection.piece_values``).
+    """
+
+    source: str
+    start: int
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    norm: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def box(self) -> Box:
+        """Its range of the layout's value space, as a one-dim box."""
+        return ((self.start, self.start + self.numel),)
+
+
+@dataclass(frozen=True)
 class MeshSpec:
     """Named mesh axes and their sizes; the product is the world size it needs."""
 
@@ -153,6 +188,10 @@ class ParamSpec:
     ``placements`` may omit mesh axes; an omitted axis means Replicate. ``present_ranks`` restricts
     the ranks that hold the parameter at all (a pipeline stage or an EP rank that owns no expert);
     ``None`` means every rank. Frozen (``trainable=False``) parameters get no gradient.
+
+    ``pieces`` (a measured parameter, ``harness.audit``): what each rank holds, by rank (``None``: the
+    rank does not hold it), instead of placements on the mesh; ``present_ranks`` is then the ranks
+    holding a piece, and ``shape`` the one-dim extent of the values it owns (``Piece``).
     """
 
     name: str
@@ -160,6 +199,7 @@ class ParamSpec:
     placements: tuple[tuple[str, Placement], ...] = ()
     present_ranks: frozenset[int] | None = None
     trainable: bool = True
+    pieces: tuple[Piece | None, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -167,6 +207,10 @@ class ParamSpec:
         if isinstance(placements, Mapping):
             placements = tuple(placements.items())
         object.__setattr__(self, "placements", tuple(placements))
+        if self.pieces is not None:
+            object.__setattr__(self, "pieces", tuple(self.pieces))
+            object.__setattr__(self, "present_ranks",
+                               frozenset(r for r, piece in enumerate(self.pieces) if piece is not None))
         if self.present_ranks is not None:
             object.__setattr__(self, "present_ranks", frozenset(self.present_ranks))
 
@@ -216,10 +260,13 @@ class Layout:
             by_name[spec.name] = spec
         object.__setattr__(self, "_by_name", by_name)
         self._validate_params()
+        self._validate_pieces()
 
     # -- validation --------------------------------------------------------------------------
     def _validate_params(self) -> None:
         for spec in self.params:
+            if spec.pieces is not None:
+                continue  # a measured parameter: ``_validate_pieces``
             if any(s < 1 for s in spec.shape):
                 raise LayoutError(f"parameter {spec.name!r} has an empty dim in shape {spec.shape}")
             for axis, placement in spec.placements:
@@ -266,6 +313,33 @@ class Layout:
                 f"{len(missing)} of its {len(every)} slices on no rank"
             )
 
+    def _validate_pieces(self) -> None:
+        """A measured layout: a piece per rank, a known source, and one class per value range."""
+        ranges: dict[int, Piece] = {}
+        for spec in self.params:
+            if spec.pieces is None:
+                continue
+            if len(spec.pieces) != self.mesh.world_size:
+                raise LayoutError(f"parameter {spec.name!r} has pieces for {len(spec.pieces)} ranks, "
+                                  f"the mesh has {self.mesh.world_size}")
+            for rank, piece in enumerate(spec.pieces):
+                if piece is None:
+                    continue
+                if piece.start < 0 or any(s < 0 for s in piece.shape):
+                    raise LayoutError(f"parameter {spec.name!r} on rank {rank}: invalid piece {piece}")
+                source = self._by_name.get(piece.source)
+                if source is None or source.pieces is None:
+                    raise LayoutError(f"parameter {spec.name!r} on rank {rank}: its values' source "
+                                      f"{piece.source!r} is not a measured parameter of the layout")
+                known = ranges.setdefault(piece.start, piece)
+                if (known.numel, known.source, known.norm) != (piece.numel, piece.source, piece.norm):
+                    raise LayoutError(f"parameter {spec.name!r} on rank {rank}: piece {piece} starts where "
+                                      f"{known} does, with other values")
+        ordered = sorted((p.start, p.start + p.numel) for p in ranges.values() if p.numel)
+        for (_, stop), (start, _) in zip(ordered, ordered[1:]):
+            if start < stop:
+                raise LayoutError(f"measured layout: value ranges overlap at {start}")
+
     def check_world(self, world_size: int) -> None:
         self.mesh.check_world(world_size)
 
@@ -284,10 +358,22 @@ class Layout:
         return tuple(s for s in self.params if s.trainable)
 
     # -- derived facts -----------------------------------------------------------------------------
+    @property
+    def measured(self) -> bool:
+        """A layout measured on a real job (``harness.audit``): its parameters are ``Piece``s."""
+        return any(spec.pieces is not None for spec in self.params)
+
     def is_present(self, spec: ParamSpec, rank: int) -> bool:
         return spec.present_ranks is None or rank in spec.present_ranks
 
+    def piece(self, spec: ParamSpec, rank: int) -> Piece | None:
+        """What ``rank`` holds of a measured parameter (None: nothing, or not a measured parameter)."""
+        return None if spec.pieces is None else spec.pieces[rank]
+
     def _box(self, spec: ParamSpec, rank: int) -> Box:
+        if spec.pieces is not None:
+            piece = spec.pieces[rank]
+            return piece.box if piece is not None else ((0, 0),)
         coord = self.mesh.coordinate(rank)
         ranges = [[0, s] for s in spec.shape]
         for (axis, size), c in zip(self.mesh.axes, coord):
@@ -306,18 +392,38 @@ class Layout:
         """Local shape on any holding rank; even sharding makes it the same everywhere."""
         return box_shape(self._box(spec, 0))
 
+    def held_shape(self, spec: ParamSpec, rank: int) -> tuple[int, ...]:
+        """The shape of what ``rank`` holds of ``spec`` (a measured piece's own local shape)."""
+        piece = self.piece(spec, rank)
+        if piece is not None:
+            return piece.shape
+        box = self.local_box(spec, rank)
+        if box is None:
+            raise LayoutError(f"rank {rank} does not hold {spec.name!r}")
+        return box_shape(box)
+
     def holders(self, spec: ParamSpec, box: Box) -> list[int]:
         """Ranks that hold exactly ``box`` of ``spec``: one replica group."""
         return [r for r in range(self.mesh.world_size) if self.local_box(spec, r) == box]
 
     def replica_count(self, spec: ParamSpec, rank: int) -> int:
-        """How many ranks hold the same slice as ``rank`` (0 when ``rank`` holds none)."""
+        """How many ranks hold the same slice as ``rank`` (0 when ``rank`` holds none). A measured
+        piece counts every holding of its values, under any name (a tied copy is one of them)."""
+        piece = self.piece(spec, rank)
+        if piece is not None:
+            return sum(1 for other in self.params if other.pieces is not None
+                       for held in other.pieces if held is not None and held.start == piece.start)
         box = self.local_box(spec, rank)
         return 0 if box is None else len(self.holders(spec, box))
 
     def distinct_boxes(self, spec: ParamSpec) -> list[Box]:
+        """The distinct slices of ``spec`` (of a measured parameter: the ranges of the values it owns,
+        its tied copies of another parameter's values left to that parameter)."""
         boxes: dict[Box, None] = {}
         for r in range(self.mesh.world_size):
+            piece = self.piece(spec, r)
+            if spec.pieces is not None and (piece is None or piece.source != spec.name):
+                continue
             box = self.local_box(spec, r)
             if box is not None:
                 boxes.setdefault(box)

@@ -81,10 +81,10 @@ def build_model(
     parameters are simply not there."""
     root = nn.Module()
     for spec in layout:
-        box = layout.local_box(spec, rank)
-        if box is None:
+        if layout.local_box(spec, rank) is None:
             continue
-        data = parameter_values(tuple(b - a for a, b in box), injection.torch_dtype, device)
+        data = parameter_values(layout.held_shape(spec, rank), injection.torch_dtype_of(layout.piece(spec, rank)),
+                                device)
         if dtensor_placements is not None and spec.name not in plain:
             assert mesh is not None
             placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)

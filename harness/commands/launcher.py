@@ -54,7 +54,10 @@ MAX_RESUMES = 8
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clipcheck run", allow_abbrev=False,
                                 description="Launch N ranks on this machine and run the selected cases.")
-    p.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks to launch (the world size; with --from-audit, the audit's by default)")
+    p.add_argument("--from-audit", metavar="PATH", default=None,
+                   help="replay the layout harness.audit measured (report.save(PATH)) against --target")
     add_selection_options(p)
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="process group backend (default: nccl with CUDA, else gloo)")
@@ -139,7 +142,11 @@ def rank_exits(failed: ChildFailedError) -> list[RankExit]:
 def worker_args(args: argparse.Namespace, spec_path: str, jsonl: str, start_at: int, backend: str) -> list[str]:
     """What every rank is told: the serialized spec, not the user's argv (no flag surgery)."""
     out = ["--backend", backend, "--timeout", str(args.timeout), "--json", jsonl, "--start-at", str(start_at)]
-    out += ["--matrix", spec_path]
+    if getattr(args, "from_audit", None):  # the case is the file's, the target the command line's
+        out += ["--from-audit", args.from_audit, "--target", ",".join(args.targets or ())]
+        out += ["--max-norm", str(args.max_norm)] if args.max_norm is not None else []
+    else:
+        out += ["--matrix", spec_path]
     if args.verbose:
         out.append("--verbose")
     out += ["--blame", args.blame]
@@ -233,6 +240,15 @@ def main(argv: Sequence[str], plan: Plan | None = None) -> int:
     args = build_parser().parse_args(argv)
     backend = args.backend or default_backend()
     try:
+        if args.from_audit:
+            from harness.commands.replay import audit_plan
+
+            if backend != "gloo":
+                raise ClipcheckInputError("--from-audit replays on CPU ranks: backend gloo")
+            plan, saved = audit_plan(args.from_audit, args.targets, args.nproc, args.max_norm)
+            args.nproc = saved.world_size
+        if args.nproc is None:
+            raise ClipcheckInputError("--nproc is required (the number of ranks to launch)")
         if args.nproc < 1:
             raise ClipcheckInputError("--nproc must be positive")
         for flag, path in (("--json", args.json), ("--junit", args.junit)):

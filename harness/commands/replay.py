@@ -1,15 +1,22 @@
 """``clipcheck --replay BLOB``: run the one case a fuzz failure printed (the blob: ``harness.cases.blob``),
-under torchrun at the world size it needs, or on a world of ranks started for it."""
+under torchrun at the world size it needs, or on a world of ranks started for it; ``--from-audit PATH
+--target T``: the layout ``harness.audit`` measured on a real job (``harness.cases.measured``), the same
+ways (``clipcheck run --from-audit``: the launcher)."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Sequence
 
 from harness.cases.blob import case_spec, decode_trusted
+from harness.cases.variant import CaseSpec
 from harness.cases.plan import Plan, UsageError
 from harness.strategies import DrawnScenario
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target
+
+if TYPE_CHECKING:
+    from harness.cases.measured import AuditFile
 
 
 def replay_plan(blob: str, world_size: int, allow_target_path: bool = False) -> Plan:
@@ -37,3 +44,55 @@ def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: 
         reporter.header(1, [f"replaying a drawn case on a fresh world of {drawn.world_size} rank(s)"])
         reporter.case(run_case_on_pool(pool, case_spec(drawn, target), DrawnScenario()))
         return reporter.finish()
+
+
+def audit_plan(path: str, targets: Sequence[str] | None, world_size: int | None,
+               max_norm: float | None = None) -> tuple[Plan, AuditFile]:
+    """The plan of ``--from-audit PATH``: the measured case once per ``--target`` (a file names no target:
+    it comes from the command line), at the world size the audit ran on; bad input as one line."""
+    from harness.cases.measured import SCENARIO, measured_scenario, read_audit
+
+    saved = read_audit(path)
+    if not targets:
+        raise UsageError("--from-audit needs --target (an audit file names no target: give the clip to replay, "
+                         "a registered name or module:function)")
+    if world_size is not None and world_size != saved.world_size:
+        raise UsageError(f"the audit ran on {saved.world_size} ranks, the launch has {world_size}: use "
+                         f"--nproc {saved.world_size} (torchrun --nproc_per_node={saved.world_size}), or no launcher")
+    registered = registered_targets()
+    resolved = {t: resolve_target(t, registered) for t in targets}
+    for name, target in resolved.items():
+        if target.scenarios is not None:
+            raise UsageError(f"target {name} runs with {', '.join(target.scenarios)} only, not a measured layout "
+                             "(a framework's adapter needs its own model: audit the framework in its own job)")
+        if target.dtensor_only:
+            raise UsageError(f"target {name} needs DTensor parameters; a measured layout is replayed on plain ones")
+    bound = max_norm if max_norm is not None else saved.max_norm
+    cases = [CaseSpec(i, SCENARIO, saved.variant, name, saved.norm_type, bound, resolved[name].unavailable())
+             for i, name in enumerate(resolved)]
+    return Plan(cases=cases, scenarios={SCENARIO: measured_scenario()}, targets=resolved), saved
+
+
+def audit_on_pool(path: str, targets: Sequence[str] | None, backend: str | None, timeout_s: float,
+                  json_path: str | None, verbose: bool, max_norm: float | None = None) -> int:
+    """``--from-audit`` without a launcher: start the ranks the audit ran on, replay, report."""
+    from harness.run.on_pool import run_case_on_pool
+    from harness.run.pool import RankPool
+    from harness.report.reporter import Reporter
+
+    plan, saved = audit_plan(path, targets, None, max_norm)
+    reporter = Reporter(sys.stdout, json_path, saved.world_size, backend or "gloo", verbose, plan.targets)
+    with RankPool(saved.world_size, backend=backend, timeout_s=timeout_s) as pool:
+        reporter.header(len(plan.cases), [audit_note(saved)])
+        for case in plan.cases:
+            reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario]))
+        return reporter.finish()
+
+
+def audit_note(saved: AuditFile) -> str:
+    """What the audit itself found, printed above its replay: the replay's truth must equal it."""
+    found = saved.found
+    truth = found.get("truth")
+    what = f"truth {truth!r}" if truth is not None else "no truth"
+    return (f"replaying a layout measured by harness.audit on {saved.world_size} rank(s) ({what}, the clip "
+            f"{found.get('target', '?')} reported {found.get('reported', '?')}: {found.get('verdict', '?')})")

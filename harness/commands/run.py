@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--list", action="store_true", help="list scenarios and targets, then exit")
     p.add_argument("--replay", metavar="BLOB", default=None, help="run the one case a fuzz failure printed")
+    p.add_argument("--from-audit", metavar="PATH", default=None,
+                   help="replay the layout harness.audit measured on a real job (report.save(PATH)) against "
+                        "--target, on CPU ranks")
     p.add_argument("--allow-target-path", action="store_true",
                    help="let a replay blob name a file-path target (it is executed on every rank)")
     p.add_argument("--start-at", type=int, default=0, metavar="INDEX",
@@ -97,7 +100,14 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
     error = None
     try:
         error = usage_problem(args, backend, world_size, rank)
-        if error is None and args.replay:
+        if error is None and args.from_audit:
+            from harness.commands.replay import audit_on_pool, audit_plan
+
+            if "WORLD_SIZE" not in os.environ:  # no launcher: start the world the audit ran on
+                return audit_on_pool(args.from_audit, args.targets, args.backend, args.timeout, args.json,
+                                     args.verbose, args.max_norm)
+            plan = audit_plan(args.from_audit, args.targets, world_size, args.max_norm)[0]
+        elif error is None and args.replay:
             from harness.commands.replay import replay_on_pool, replay_plan
 
             if "WORLD_SIZE" not in os.environ:  # no launcher: start the world the case needs
@@ -139,6 +149,10 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
     problem = world_problem(world_size, backend)
     if problem:
         return problem
+    if args.from_audit and args.replay:
+        return "--from-audit and --replay each name one case: give one"
+    if args.from_audit and backend != "gloo":
+        return "--from-audit replays on CPU ranks: backend gloo"
     if not args.timeout > 0:
         return "--timeout must be positive"
     if args.start_at < 0:

@@ -343,7 +343,10 @@ def judge_coefficient(j: Judgement) -> Outcome:
 
 
 def judge_replicas(j: Judgement) -> Outcome:
-    """True replicas (measured before the call) are still bit-identical after it."""
+    """True replicas (measured before the call) are still bit-identical after it: along each mesh axis,
+    or, where the measurement has classes of bits (a measured layout), within every class."""
+    if j.pre.classes is not None and j.post.classes is not None:
+        return _classes_kept(j.pre.classes, j.post.classes)
     diverged = [
         f"{name} on {axis}"
         for axis in j.mesh.names
@@ -352,6 +355,22 @@ def judge_replicas(j: Judgement) -> Outcome:
         if not j.pre.distinct[axis][name] and j.post.distinct[axis][name]
     ]
     return not diverged, "" if not diverged else "replicas diverged after clipping: " + ", ".join(diverged[:4])
+
+
+def _classes_kept(pre: Mapping[str, Sequence[str | None]], post: Mapping[str, Sequence[str | None]]) -> Outcome:
+    """Every class of copies before the call holds one class of bits after it (a holding that lost its
+    gradient is the contract check's)."""
+    after: dict[str, set[str]] = {}
+    where: dict[str, list[str]] = {}
+    for name, keys in pre.items():
+        for r, key in enumerate(keys):
+            now = post.get(name, [None] * len(keys))[r]
+            if key is not None and now is not None:
+                after.setdefault(key, set()).add(now)
+                where.setdefault(key, []).append(f"{name} on rank {r}")
+    diverged = [" = ".join(where[key][:3]) + (" ..." if len(where[key]) > 3 else "")
+                for key, seen in after.items() if len(seen) > 1]
+    return not diverged, "" if not diverged else "copies diverged after clipping: " + "; ".join(diverged[:4])
 
 
 def _outcome(j: Judgement, r: int) -> str:

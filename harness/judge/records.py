@@ -206,9 +206,25 @@ class StatsTable:
 
 @dataclass
 class Replication:
-    """Measured replication: ``distinct[axis][name]`` is True when some group of ``axis`` saw a spread."""
+    """Measured replication: ``distinct[axis][name]`` is True when some group of ``axis`` saw a spread.
+
+    ``classes`` (a measured layout's, ``harness.audit``): per parameter, per rank, the key of the bits
+    that rank holds (None: no gradient). Holdings with one key are copies of one logical gradient,
+    under one name or several; where the layout is no mesh placement, the truth counts each key once
+    and the replicas check asks every key's holders to stay alike (``harness.judge.truth``, ``checks``).
+    """
 
     distinct: dict[str, dict[str, bool]]
+    classes: dict[str, list[str | None]] | None = None
+
+    def copies(self) -> dict[str, int]:
+        """How many holdings each class key has (``classes`` only)."""
+        counts: dict[str, int] = {}
+        for keys in (self.classes or {}).values():
+            for key in keys:
+                if key is not None:
+                    counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def replicated_axes(self, name: str, mesh: MeshSpec) -> frozenset[str]:
         return frozenset(a for a in mesh.names if not self.distinct.get(a, {}).get(name, False))

@@ -94,7 +94,30 @@ def replicas_counted_on(
     return weighted_norm(stats, mesh, replicated, norm_type)
 
 
+def class_parts(stats: StatsTable, replication: Replication, norm_type: float) -> list[float]:
+    """Each rank's share of the global p-th power sum when every holding of one class of bits
+    (``Replication.classes``: a measured layout's) counts 1/k, k the holdings of that class under any
+    name; for the inf norm, its local maximum."""
+    classes = replication.classes or {}
+    copies = replication.copies()
+    parts = [0.0] * stats.world_size
+    for j, name in enumerate(stats.names):
+        keys = classes.get(name, [None] * stats.world_size)
+        for r in range(stats.world_size):
+            if not stats.present(r, j):
+                continue
+            key = keys[r]
+            count = copies.get(key, 1) if key is not None else 1
+            value = stats.pow_sum[r][j]
+            parts[r] = combine(parts[r], value if is_inf_norm(norm_type) else value / count, norm_type)
+    return parts
+
+
 def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:
+    """The norm the raw bits imply: each logical gradient counted once, its copies found per mesh axis,
+    or by class of bits where the replication has classes (a measured layout's)."""
+    if replication.classes is not None:
+        return _root_of(class_parts(stats, replication, norm_type), norm_type)
     axes = {name: replication.replicated_axes(name, mesh) for name in stats.names}
     return weighted_norm(stats, mesh, axes, norm_type)
 

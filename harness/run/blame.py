@@ -8,6 +8,8 @@ would, and is reported the same way.
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, group_only, parameter_groups,
                                  reuse_blame, weigh)
 from harness.judge.checks import CaseResult, surviving_signature
@@ -36,14 +38,21 @@ def run_case_with_blame(world: DistWorld, case: CaseSpec, scenario: Scenario, ta
     subs = [run_case(world, group_only(case, params), scenario, target) for params in groups.values()]
     if result is None:
         return None
-    judged = [s for s in subs if s is not None]
+    weigh_groups(result, groups, [s for s in subs if s is not None])
+    world.blamed[blame_key(result.case)] = result
+    return result
+
+
+def weigh_groups(result: CaseResult, groups: Mapping[str, Sequence[str]], subs: Sequence[CaseResult]) -> CaseResult:
+    """Rank 0: ``result`` with the weight of each group from its one-group run (``subs``, in the order of
+    ``groups``), the note when they do not add up, and the signature lines every run supports. Shared by
+    the harness's cases and ``harness.audit`` (which runs the groups in the user's own job)."""
     rank = blamed_rank(result)
-    result.blame = [weigh(group, params, sub, case.norm_type, result.param_mismatches, rank)
-                    for (group, params), sub in zip(groups.items(), judged)]
+    result.blame = [weigh(group, params, sub, result.case.norm_type, result.param_mismatches, rank)
+                    for (group, params), sub in zip(groups.items(), subs)]
     result.blame_rank = rank
-    note = additivity_note(result, judged, rank)
+    note = additivity_note(result, subs, rank)
     if note is not None:
         result.blame_note = note
-    result.signature = surviving_signature(result, judged)  # each one-group run tests the signature's mechanisms
-    world.blamed[blame_key(result.case)] = result
+    result.signature = surviving_signature(result, subs)  # each one-group run tests the signature's mechanisms
     return result

@@ -105,11 +105,12 @@ def digests_for_truth(backend: str, mesh: MeshSpec) -> bool:
 
 def pre_call_replication(names: Sequence[str], grads: Mapping[str, torch.Tensor | None], stats: StatsTable,
                          mesh: MeshSpec, axis_groups: Callable[[], Mapping[str, dist.ProcessGroup]],
-                         merge: AllGather, device: torch.device) -> Replication:
+                         merge: AllGather, device: torch.device, classes: bool = False) -> Replication:
     """The measured replication from the pre-call table: from its digests where it carries them
-    (``digests_for_truth``), else the MAX round on the private groups (built only then)."""
+    (``digests_for_truth``; with ``classes``, a measured layout's classes of bits too), else the MAX
+    round on the private groups (built only then)."""
     if stats.digests is not None:
-        return from_digests(names, stats.digests, mesh)
+        return from_digests(names, stats.digests, mesh, classes)
     return measure_replication(names, grads, stats, mesh, axis_groups(), merge, device)
 
 
@@ -134,15 +135,89 @@ def _bytes_view(flat: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())).cast("B")
 
 
-def from_digests(names: Sequence[str], digests: Sequence[Mapping[str, str | None]], mesh: MeshSpec) -> Replication:
+def from_digests(names: Sequence[str], digests: Sequence[Mapping[str, str | None]], mesh: MeshSpec,
+                 classes: bool = False) -> Replication:
     """A gradient is distinct along an axis when the holders of some group of it hold different digests
-    (ranks without it say nothing, as in ``measure_replication``)."""
+    (ranks without it say nothing, as in ``measure_replication``). ``classes`` (a measured layout): the
+    digests themselves too, as the classes of bits (``Replication.classes``)."""
     distinct = {}
     for axis in mesh.names:
         groups = mesh.groups(axis)
         distinct[axis] = {name: any(len({digests[r][name] for r in group} - {None}) > 1 for group in groups)
                           for name in names}
-    return Replication(distinct)
+    if not classes:
+        return Replication(distinct)
+    return Replication(distinct, {name: [d.get(name) for d in digests] for name in names})
+
+
+_LINEAR_ROW = 512
+"""Words per row of ``linear_digest``'s matrix."""
+_LINEAR_COLUMNS = 6
+"""Independent random combinations per row: two rows that differ collide in one with probability at
+most 2**-12 (the coefficients are uniform on 12 bits), in all six at most 2**-72."""
+_LINEAR_SMALL = 4096
+"""Bytes below which the rest is hashed on the host (SHA-256)."""
+_LINEAR_CHUNK = {"cpu": 1 << 7, "cuda": 1 << 15}
+"""Rows converted at once: in cache on a CPU, large enough to keep a GPU busy."""
+_COEFFICIENTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _coefficients(device: torch.device) -> torch.Tensor:
+    """The fixed coefficient matrix (the same numbers on every rank and device: a seeded CPU generator)."""
+    if device not in _COEFFICIENTS:
+        generator = torch.Generator().manual_seed(0x5EED)
+        _COEFFICIENTS[device] = torch.randint(0, 1 << 12, (_LINEAR_ROW, _LINEAR_COLUMNS), generator=generator,
+                                              dtype=torch.int64).to(torch.float64).to(device)
+    return _COEFFICIENTS[device]
+
+
+def _units(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a contiguous tensor as integers of the widest width its dtype allows (int32 for
+    4- and 8-byte dtypes, int16 for 2-byte ones, uint8 for 1-byte ones): a function of the dtype and the
+    bytes only, never of where they lie, so copies of one gradient give the same integers."""
+    raw = t.reshape(-1).view(torch.uint8)
+    width = torch.int32 if t.element_size() >= 4 else torch.int16 if t.element_size() == 2 else torch.uint8
+    return raw.view(width)
+
+
+def _linear_reduce(units: torch.Tensor) -> torch.Tensor:
+    """One level of ``linear_digest``: rows of ``_LINEAR_ROW`` integers (the last one zero-padded) times
+    the coefficient matrix, in float64. Every product is below 2**43 and every row sum below 2**52, so
+    the arithmetic is exact and the result the same on any device and in any summation order. Returns
+    the row results as int32 words (their exact bits), the next level's input."""
+    device = units.device
+    coefficients = _coefficients(device)
+    rows = -(-units.numel() // _LINEAR_ROW)
+    out = torch.empty(rows, _LINEAR_COLUMNS, dtype=torch.float64, device=device)
+    chunk = _LINEAR_CHUNK.get(device.type, _LINEAR_CHUNK["cuda"]) * _LINEAR_ROW
+    full = units.numel() // _LINEAR_ROW * _LINEAR_ROW
+    for start in range(0, full, chunk):
+        part = units[start:min(start + chunk, full)].to(torch.float64).view(-1, _LINEAR_ROW)
+        torch.mm(part, coefficients, out=out[start // _LINEAR_ROW:start // _LINEAR_ROW + part.shape[0]])
+    if full < units.numel():
+        tail = torch.zeros(_LINEAR_ROW, dtype=torch.float64, device=device)
+        tail[: units.numel() - full] = units[full:].to(torch.float64)
+        out[-1] = tail @ coefficients
+    return out.to(torch.int64).view(torch.int32).reshape(-1)
+
+
+def linear_digest(t: torch.Tensor) -> str:
+    """A digest of a tensor's dtype, shape and raw bytes, computed where the tensor lies: exact integer
+    linear combinations of its words in float64 (``_linear_reduce``, a matrix product, repeated until a
+    few kilobytes are left; each level shrinks the data ~40-fold), then SHA-256 of what is left on the
+    host. On a GPU only that remainder (under 1/40 of the gradient's bytes, usually a few KB) ever
+    leaves the device. Equal for bit-identical tensors on any device; two tensors that differ are told
+    apart unless a difference cancels in all six combinations of a row (about 2**-72 per row), for
+    data not built against the fixed coefficients."""
+    flat = t.detach().contiguous()
+    h = hashlib.sha256(f"{flat.dtype}|{tuple(flat.shape)}|".encode())
+    units = _units(flat)
+    while units.numel() * units.element_size() > _LINEAR_SMALL:
+        units = _linear_reduce(units)
+    rest = units.cpu().contiguous()
+    if rest.numel():
+        h.update(_bytes_view(rest.view(torch.uint8)))
+    return h.hexdigest()[:_DIGEST_HEX]
 
 
 def measure_replication(

@@ -38,8 +38,10 @@ def rank_part(backend: str, names: Sequence[str], post: Grads, stats: StatsTable
                                             device).distinct}
 
 
-def merge_parts(names: Sequence[str], parts: Sequence[Mapping[str, Any]], mesh: MeshSpec) -> Replication:
-    """Rank 0: the world's post-call replication from every rank's part."""
+def merge_parts(names: Sequence[str], parts: Sequence[Mapping[str, Any]], mesh: MeshSpec,
+                classes: bool = False) -> Replication:
+    """Rank 0: the world's post-call replication from every rank's part (``classes``: a measured
+    layout's, by class of bits)."""
     if parts and "digests" in parts[0]:  # every rank of a world runs one backend
-        return from_digests(names, [p["digests"] for p in parts], mesh)
+        return from_digests(names, [p["digests"] for p in parts], mesh, classes)
     return merged([Replication(p["distinct"]) for p in parts])

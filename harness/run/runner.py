@@ -154,13 +154,14 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
     params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
 
-    digests = digests_for_truth(world.backend, layout.mesh)
+    # a measured layout's copies are classes of bits, whatever the mesh: always digests (CPU replays)
+    digests = digests_for_truth(world.backend, layout.mesh) or layout.measured
     stats, pre_rep, stale_truth = world.truth_cache.measure(
         case, pre,
         lambda for_replication: gather_stats(names, pre, case.norm_type, world.store_round("stats"),
                                              digests=digests and for_replication),
         lambda table: pre_call_replication(names, pre, table, layout.mesh, lambda: groups.harness_groups,
-                                           world.store_round("replication"), world.device))
+                                           world.store_round("replication"), world.device, layout.measured))
 
     default_group = dist.group.WORLD
     state_before, threads_before = ModelState.of(model), set(threading.enumerate())
@@ -195,5 +196,6 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
         return None
     truth = variant_truth(variant, case.norm_type)
     measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
-    post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh)
+    post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh,
+                                    layout.measured)
     return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)

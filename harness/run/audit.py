@@ -1,0 +1,633 @@
+"""``harness.audit`` on one rank of the user's own job: measure, call the clip once, judge like a case.
+
+Every rank of the job runs this in lockstep, inside the user's process group and launcher
+(``user_world``: the store the job rendezvoused through is the control plane; the job's groups are
+never touched). The exchanges, in order (rank 0 gathers, decides, and says what it decided):
+
+1. one pass over this rank's gradients where they lie (``gradient_pass``: sums, row norms, sampled
+   bits), its parameters and, where the parameters are DTensors or a mesh is given, their mesh and
+   declared placements: gathered on rank 0 (``audit-measure``);
+2. rank 0 finds which gradients may be copies of another holding and tells each rank which to hash
+   (``audit-plan``); those digests are gathered (``audit-digests``, only when there are any);
+   rank 0 builds the measured case: classes of copies, the truth (each class once), the measured
+   layout and its declared plan (``harness.cases.measured``);
+3. the clip, called once, guarded as the harness guards a target (``runner._guarded``: exceptions
+   caught, a hang noticed by the watchdog and posted through the store; ``runner._agree``);
+4. a second pass (the same sums and samples, the copies' digests again), what the clip did to this
+   rank (``local``: the record every check reads), gathered on rank 0 (``audit-record``), which judges
+   with ``harness.judge.checks.evaluate``: the same checks, signatures and tolerances as a case;
+5. with ``restore`` (a copy of the gradients was kept): the exact coefficient measurement, and, when
+   the norm is wrong, the one-group runs of the blame (``audit-blame-*``), the gradients put back
+   between runs and at the end;
+6. rank 0's verdict to every rank (``audit-verdict``).
+
+Without ``restore`` nothing is copied: the coefficient comes from the row norms and samples of both
+passes (``cheap_scale``), the parameters' check from their storage, version counters and sampled
+elements (``ParamMarks``), and the gradients stay as the clip left them (the audit's call is the step's).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import Shard as TorchShard
+
+from harness.cases.layout import MeshSpec, Placement
+from harness.cases.measured import (SCENARIO, Holding, candidates, class_tokens, holdings, measured_variant, mesh_from,
+                                    parameter_names, placement_from)
+from harness.cases.variant import CaseSpec
+from harness.clipmath import EPS, local_tensor
+from harness.judge.blame import blame_reason, group_only, parameter_groups
+from harness.judge.checks import evaluate, unjudged_result
+from harness.judge.records import CaseResult, Replication, StatsTable
+from harness.judge.truth import measured_norm
+from harness.run.aftermath import ModelState, fingerprint, settled_changes, threads_started
+from harness.run.blame import weigh_groups
+from harness.run.effects import applied_coefficients, canonical_nans, consistent_policies, mangled_reason, sanitize
+from harness.run.gradient_pass import ROW, GradientPass, Stats, dtype_label, sample_positions
+from harness.run.measure import from_digests, linear_digest
+from harness.run.runner import _agree, _guarded, describe_exception
+from harness.run.user_world import UserWorld, user_world
+from harness.run.world import DeadRankError, WorldBroken
+from harness.targets.target import reported_value
+
+Grads = Mapping[str, "torch.Tensor | None"]
+
+ROW_SLACK = {torch.float64: 48 * 2.0**-53}
+"""How far a row norm's ratio before/after may stray from the coefficient by the rounding of the row
+norms themselves (``ROW`` elements summed in fp32 on 16 lanes: at most ~21 units in the last place for
+the ratio; twice that here): subtracted before a row's spread counts as non-uniform scaling."""
+_FP32_ROW_SLACK = 48 * 2.0**-24
+
+
+@dataclass
+class AuditOutcome:
+    """What one rank learns: rank 0 the judged case, every rank the verdict and its text."""
+
+    rank: int
+    world_size: int
+    backend: str
+    verdict: str
+    text: str
+    result: CaseResult | None = None
+    """Rank 0's judged case (None on the other ranks, and when the job broke before it was judged)."""
+    broken: bool = False
+    """A rank hung or died: the job's groups cannot be trusted any more."""
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Case:
+    """Rank 0's measured case: everything the judge needs besides the records of the call."""
+
+    case: CaseSpec
+    names: list[str]
+    stats: StatsTable
+    pre: Replication
+    truth: float
+    held: list[Holding]
+    tokens: dict[tuple[int, str], str]
+
+
+def clip_label(clip: Callable[..., Any]) -> str:
+    """How the report names the clip: its qualified name, a lambda by where it is written."""
+    inner = inspect.unwrap(clip.func if isinstance(clip, functools.partial) else clip)
+    name = getattr(inner, "__qualname__", None) or type(inner).__name__
+    if "<lambda>" in name:
+        try:
+            file, line = inspect.getsourcefile(inner) or "?", inspect.getsourcelines(inner)[1]
+            return f"<lambda> {os.path.basename(file)}:{line}"
+        except (TypeError, OSError):
+            return "<lambda>"
+    return name
+
+
+# -- the job's mesh -------------------------------------------------------------------------------------
+def _root(mesh: DeviceMesh) -> DeviceMesh:
+    get_root = getattr(mesh, "_get_root_mesh", None)
+    return get_root() if callable(get_root) else mesh
+
+
+def _my_group(mesh: DeviceMesh, dim: int) -> frozenset[int]:
+    """The ranks of this rank's group along ``dim`` of ``mesh`` (a mesh holds this rank's slice only)."""
+    ranks = mesh.mesh.movedim(dim, -1).reshape(-1, mesh.mesh.shape[dim])
+    me = dist.get_rank()
+    for row in ranks.tolist():
+        if me in row:
+            return frozenset(row)
+    return frozenset()
+
+
+def _axes_of(mesh: DeviceMesh, dim: int, spec: MeshSpec) -> list[str] | None:
+    """The axes of the job's mesh ``spec`` that dim ``dim`` of a (sub-, flattened) mesh spans: those
+    whose groups, together, are its groups."""
+    mine = _my_group(mesh, dim)
+    me = dist.get_rank()
+    names = list(spec.names)
+    for size in range(1, len(names) + 1):
+        for start in range(len(names) - size + 1):
+            axes = names[start:start + size]
+            group = next((g for g in spec.groups(*axes) if me in g), [])
+            if frozenset(group) == mine:
+                return axes
+    return None
+
+
+def job_mesh(params: Sequence[tuple[str, nn.Parameter]], mesh: DeviceMesh | None,
+             world_size: int) -> tuple[list[list[Any]] | None, dict[str, dict[str, Any]], list[str]]:
+    """This rank's view of the job's mesh (the one given, else the root of the DTensor parameters'
+    mesh), as axis names and sizes; each DTensor parameter's declared placement per axis of it
+    (``"R"`` or the tensor dim it is sharded on); notes on what could not be read."""
+    notes: list[str] = []
+    root = mesh if mesh is not None else next((_root(p.device_mesh) for _, p in params if isinstance(p, DTensor)),
+                                              None)
+    if root is None or not dist.is_initialized():
+        return None, {}, notes
+    if root.size() != world_size or root.mesh.flatten().tolist() != list(range(world_size)):
+        notes.append(f"the mesh {tuple(root.mesh.shape)} does not hold the {world_size} ranks in order: measured "
+                     "on one axis of every rank instead")
+        return None, {}, notes
+    names = root.mesh_dim_names or tuple(f"dim{i}" for i in range(root.ndim))
+    pairs = [(str(n), int(s)) for n, s in zip(names, root.mesh.shape)]
+    axes: list[list[Any]] = [list(pair) for pair in pairs]
+    spec = MeshSpec(tuple(pairs))
+    declared: dict[str, dict[str, Any]] = {}
+    for name, p in params:
+        if not isinstance(p, DTensor):
+            continue
+        placed: dict[str, Any] = {}
+        for dim, placement in enumerate(p.placements):
+            covered = _axes_of(p.device_mesh, dim, spec)
+            if covered is None:
+                notes.append(f"{name}: its mesh dim {dim} spans no axes of the job's mesh; no declared placement")
+                placed = {}
+                break
+            for axis in covered:
+                placed[axis] = placement.dim if isinstance(placement, TorchShard) else "R"
+        if placed or not p.placements:
+            declared[name] = placed
+    return axes, declared, notes
+
+
+# -- the parameters' own check, without a copy ----------------------------------------------------------
+@dataclass
+class ParamMarks:
+    """What a clip must leave alone, kept without copying the parameters: each local tensor's storage,
+    version counter, shape, dtype and sampled bits."""
+
+    marks: dict[str, tuple[int, int, tuple[int, ...], str]]
+    words: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, params: Sequence[tuple[str, nn.Parameter]]) -> "ParamMarks":
+        marks, sampled = {}, {}
+        for name, p in params:
+            t = local_tensor(p).detach()
+            marks[name] = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+            flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+            positions = torch.tensor(sample_positions(flat.numel()), dtype=torch.int64, device=flat.device)
+            sampled[name] = flat.view(torch.uint8).view(-1, flat.element_size())[positions]
+        by_device: dict[torch.device, list[str]] = {}
+        for name, t in sampled.items():
+            by_device.setdefault(t.device, []).append(name)
+        words: dict[str, list[int]] = {}
+        for names in by_device.values():
+            every: list[int] = torch.cat([sampled[n].reshape(-1) for n in names]).tolist() if names else []
+            at = 0
+            for n in names:
+                k = sampled[n].numel()
+                words[n], at = every[at:at + k], at + k
+        return cls(marks, words)
+
+    def changed(self, after: "ParamMarks") -> list[str]:
+        out = []
+        for name, (ptr, version, shape, dtype) in self.marks.items():
+            now = after.marks.get(name)
+            if now is None:
+                out.append(f"{name} (gone)")
+            elif now[2:] != (shape, dtype):
+                out.append(f"{name} ({shape} {dtype} -> {now[2]} {now[3]})")
+            elif now[0] != ptr:
+                out.append(f"{name} (storage replaced)")
+            elif after.words[name] != self.words[name]:
+                out.append(name)
+            elif now[1] != version:
+                out.append(f"{name} (written in place)")
+        return out
+
+
+# -- the coefficient without a copy ---------------------------------------------------------------------
+def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
+    """(coefficient, residual) from two passes, as ``effects.applied_coefficients`` measures them from
+    copies: the coefficient from the sampled elements (least squares, float64), checked against the
+    ratio of the sums of squares; the residual the largest relative deviation of a sampled element, of
+    a row's norm ratio (minus the row norms' own rounding) and of the two estimates. None where no
+    factor applies (a zero gradient, or a non-finite value before or after)."""
+    if not (before.finite and after.finite) or before.sq == 0.0 or before.rows is None or after.rows is None:
+        return None
+    magnitude = math.sqrt(after.sq / before.sq)
+    slack = ROW_SLACK.get(before.rows.dtype, _FP32_ROW_SLACK)
+    a, b = before.values, after.values
+    denominator = sum(x * x for x in a)
+    c = sum(x * y for x, y in zip(a, b)) / denominator if denominator > 0 else magnitude
+    if c == 0.0:
+        return (0.0, 0.0) if magnitude == 0.0 else (0.0, math.inf)
+    top = max(abs(c * x) for x in a) if a else 0.0
+    sampled = max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) / top if top > 0 else 0.0
+    agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
+    rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
+    held = rows_before > 0
+    spread = 0.0
+    if bool(((~held) & (rows_after != 0)).any()):
+        spread = math.inf  # values appeared where there were only zeros
+    elif bool(held.any()):
+        spread = float(((rows_after[held] / rows_before[held]) - abs(c)).abs().max()) / abs(c)
+    return c, max(sampled, agreement, max(0.0, spread - slack))
+
+
+def cheap_policies(before: Stats, after: torch.Tensor | None, digest_before: str | None) -> dict[str, bool]:
+    """Which non-finite policies one gradient is consistent with, from what was kept: ``leave`` by its
+    digest before and after, ``zero`` and ``poison`` from the gradient after the call."""
+    if after is None:
+        return dict.fromkeys(("leave", "zero", "poison"), False)
+    nan = torch.isnan(after)
+    nans = int(nan.sum())
+    canonical = canonical_nans({"g": after})["g"]
+    assert canonical is not None
+    # zero: every element 0, NaN only where the gradient was not finite (by count: no copy to compare)
+    return {"leave": digest_before is not None and digest_before == linear_digest(canonical),
+            "zero": bool(((after == 0) | nan).all()) and nans <= sum(before.nonfinite),
+            "poison": nans == after.numel()}
+
+
+# -- one rank's audit ------------------------------------------------------------------------------------
+def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, norm_type: float,
+              mesh: DeviceMesh | None, restore: bool, blame: bool, timeout_s: float, label: str) -> AuditOutcome:
+    params = list(model.named_parameters())
+    grads: dict[str, torch.Tensor | None] = {n: None if p.grad is None else local_tensor(p.grad) for n, p in params}
+    device = next((g.device for g in grads.values() if g is not None),
+                  next((local_tensor(p).device for _, p in params), torch.device("cpu")))
+    world = user_world(timeout_s, device)
+    clock = _Clock()
+
+    # 1. the first pass, gathered on rank 0
+    first = GradientPass(norm_type)
+    before = {n: first.add(g) for n, g in grads.items() if g is not None}
+    first.finish()
+    axes, declared, notes = job_mesh(params, mesh, world.world_size)
+    record = {"params": [[n, dtype_label(local_tensor(p).dtype), bool(p.requires_grad), list(local_tensor(p).shape)]
+                         for n, p in params],
+              "grads": {n: s.record() for n, s in before.items()}, "mesh": axes,
+              "declared": declared, "notes": notes}
+    records = world.gather_json("audit-measure", record, world.exchange_deadline_s)
+    clock.lap("measure")
+
+    # 2. the candidates' digests, the measured case
+    plan: dict[str, Any] | None = None
+    held: list[Holding] = []
+    if records is not None:
+        held = holdings(records)
+        plan = {"digest": candidates(held, world.world_size), "nonfinite": any(not (math.isfinite(h.pow) and math.isfinite(h.sq))
+                                                               for h in held)}
+    plan = world.allgather_json("audit-plan", plan, world.exchange_deadline_s)[0]
+    assert plan is not None
+    nonfinite = bool(plan["nonfinite"])
+    copied = set(plan["digest"][world.rank])  # may be copies of another holding: hashed before and after
+    hashed = {n for n, g in grads.items() if g is not None} if nonfinite else copied  # non-finite: was each left?
+    digests_before = {n: linear_digest(_digestible(grads[n], nonfinite)) for n in sorted(hashed)}
+    gathered = world.gather_json("audit-digests", {n: d for n, d in digests_before.items() if n in copied},
+                                 world.exchange_deadline_s) if any(plan["digest"]) else [{}] * world.world_size
+    measured = _measured_case(records, held, gathered, norm_type, max_norm, label) if records is not None else None
+    clock.lap("classes")
+
+    # 3. the call, guarded
+    copies = {n: g.detach().clone() for n, g in grads.items() if g is not None} if restore else None
+    originals = {n: p.grad for n, p in params} if restore else None
+    standins = {n: None if g is None else _standin(g) for n, g in grads.items()}
+    marks = ParamMarks.of(params)
+    state_before, threads_before = ModelState.of(model), set(threading.enumerate())
+    default_group = dist.group.WORLD if dist.is_initialized() else None
+    if world.rank == 0:
+        world.hang_handler = functools.partial(_rank0_hung, world, measured)
+    clock.lap("snapshot")
+    value, error, seconds = _guarded(world, "audit-call", lambda: _materialized(clip()))
+    if error is not None:
+        world.post_error(error)
+    reported, fault, broken = None, None, False
+    if error is None and value is not None:
+        try:
+            reported = reported_value(value)
+        except TypeError as exc:
+            fault = f"{exc} (returned by {label})"
+    if dist.is_initialized() and dist.group.WORLD is not default_group:
+        fault, broken = "the clip function destroyed or replaced the default process group", True
+    try:
+        _agree(world, "audit-status", {"error": error, "fault": fault, "broken": broken})
+    except (WorldBroken, DeadRankError) as exc:
+        return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
+                      exc.detail if isinstance(exc, WorldBroken) else str(exc))
+    clock.lap("call")
+
+    # 4. what the clip did, gathered and judged
+    named = dict(model.named_parameters())
+    after = {n: None if (p := named.get(n)) is None or p.grad is None else local_tensor(p.grad) for n in grads}
+    post, mangled = sanitize(standins, after)
+    for name, why in state_before.wrapper_changes(ModelState.of(model)).items():
+        mangled.setdefault(name, why)
+        post[name] = None
+    second = GradientPass(norm_type)
+    after_stats = {n: second.add(g) for n, g in post.items() if g is not None}
+    second.finish()
+    for name in copied & set(after_stats):
+        after_stats[name].digest = linear_digest(_digestible(post[name], nonfinite))
+    local: dict[str, Any] = {"mangled": mangled, "stale_truth": False, "undelivered": [],
+                             "created": [n for n, g in grads.items() if g is None and after.get(n) is not None]}
+    if copies is not None:
+        local.update(applied_coefficients(copies, post))
+    else:
+        scale = {n: [*pair, before[n].numel] for n in before if n in after_stats
+                 if (pair := cheap_scale(before[n], after_stats[n])) is not None}
+        local["scale"] = scale
+        local["vanished"] = [n for n in before if post.get(n) is None]
+    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
+    flags = state_before.flag_changes(ModelState.of(model))
+    changed = marks.changed(ParamMarks.of(list(model.named_parameters())))
+    local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
+    local["late"] = _late(model, threads_before, [n for n, _ in params])
+    if nonfinite:
+        local["policies"] = _policies(before, post, copies, digests_before)
+    if reported is None and error is None and fault is None:
+        reported = _implied_norm(local.get("scale", {}), max_norm, notes)
+    post_tokens = {n: (None if n not in after_stats else after_stats[n].digest if n in copied else "kept")
+                   for n in grads}
+    clip_record = {"reported": reported, "error": error, "fault": fault, "seconds": seconds, "local": local,
+                   "post": post_tokens}
+    clip_records = world.gather_json("audit-record", clip_record, world.exchange_deadline_s)
+    clock.lap("effects")
+    result = None
+    if measured is not None and clip_records is not None:
+        result = _judge(measured, clip_records)
+
+    # 5. the blame's one-group runs (the gradients put back between them), then the verdict
+    groups: dict[str, list[str]] | None = None
+    if result is not None and blame and copies is not None and blame_reason(result) is None:
+        present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))  # type: ignore[union-attr]
+                   for j, n in enumerate(measured.names)}  # type: ignore[union-attr]
+        groups = parameter_groups(measured.names, present)  # type: ignore[union-attr]
+    groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
+    if groups and copies is not None and originals is not None:
+        try:
+            subs = [_one_group(world, model, clip, set(names), originals, copies, measured, label, g)
+                    for g, names in enumerate(groups.values())]
+        except (WorldBroken, DeadRankError) as exc:
+            return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
+                          exc.detail if isinstance(exc, WorldBroken) else str(exc))
+        if result is not None:
+            weigh_groups(result, groups, [s for s in subs if s is not None])
+        clock.lap("blame")
+    if originals is not None and copies is not None:
+        _put_back(model, originals, copies)
+    verdict = None
+    if world.rank == 0:
+        verdict = {"verdict": result.verdict if result is not None else "ERROR", "text": _text(result, world)}
+    shared = world.allgather_json("audit-verdict", verdict, world.exchange_deadline_s)[0]
+    world.hang_handler = world.default_hang_handler
+    all_notes = sorted({n for rec in records or [] for n in rec["notes"]}) + notes
+    return AuditOutcome(world.rank, world.world_size, world.backend, shared["verdict"], shared["text"], result,
+                        notes=all_notes, seconds=clock.seconds)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self._last = self._now()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, what: str) -> None:
+        now = self._now()
+        self.seconds[what] = self.seconds.get(what, 0.0) + now - self._last
+        self._last = now
+
+
+def _implied_norm(scale: Mapping[str, Sequence[float]], max_norm: float, notes: list[str]) -> float | None:
+    """The norm a clip that returned nothing must have used, from the coefficient it applied on this
+    rank (torch's ``max_norm / (norm + eps)``): known only where it clipped (a coefficient below 1)."""
+    coefficients = sorted(entry[0] for entry in scale.values())
+    if not coefficients:
+        return None
+    c = coefficients[len(coefficients) // 2]
+    if not (0 < c < 1):
+        notes.append("the clip returned no norm and did not clip (coefficient 1): its norm is unknown; audit "
+                     "with a max_norm below the norm to read it from the coefficient")
+        return None
+    notes.append("the clip returned no norm: each rank's reported norm is the one its coefficient implies, "
+                 "max_norm / coefficient - 1e-6")
+    return max_norm / c - EPS
+
+
+def _digestible(grad: torch.Tensor | None, nonfinite: bool) -> torch.Tensor:
+    """What is hashed of a gradient: its bits, its NaNs canonical in a case with non-finite values
+    (NaN payloads and signs carry no meaning: ``effects.canonical_nans``)."""
+    assert grad is not None
+    canonical = canonical_nans({"g": grad})["g"] if nonfinite and grad.is_floating_point() else grad
+    assert canonical is not None
+    return canonical
+
+
+def _standin(grad: torch.Tensor) -> torch.Tensor:
+    """A tensor of the gradient's shape, dtype and device holding one element: what ``sanitize`` needs
+    to tell a replaced gradient, without a copy."""
+    return torch.empty((), dtype=grad.dtype, device=grad.device).expand(grad.shape)
+
+
+def _materialized(value: Any) -> Any:
+    """A DTensor norm made whole inside the guard (a collective every rank makes)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _late(model: nn.Module, threads_before: set[threading.Thread], names: list[str]) -> list[str]:
+    """What changed after the clip returned, once the threads it started have finished (none started:
+    nothing to wait for, and no fingerprint taken)."""
+    if not threads_started(threads_before):
+        return []
+    with torch.no_grad():
+        baseline = fingerprint(model, names)
+        late, _ = settled_changes(threads_before, model, names, baseline)
+    return late
+
+
+def _policies(before: Mapping[str, Stats], post: Grads, copies: Grads | None,
+              digests: Mapping[str, str]) -> list[str] | None:
+    if copies is not None:
+        return consistent_policies(copies, post)
+    if not before:
+        return None
+    ok = dict.fromkeys(("leave", "zero", "poison"), True)
+    for name, stats in before.items():
+        one = cheap_policies(stats, post.get(name), digests.get(name))
+        ok = {k: ok[k] and one[k] for k in ok}
+    return [p for p, fine in ok.items() if fine]
+
+
+def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
+                   gathered: Sequence[Mapping[str, str] | None] | None, norm_type: float, max_norm: float,
+                   label: str) -> _Case:
+    """Rank 0: the classes of copies, the measured layout and truth, as a case."""
+    world = len(records)
+    digests: list[Mapping[str, str]] = [d or {} for d in (gathered or [{}] * world)]
+    tokens = class_tokens(held, digests)
+    names = parameter_names(records)
+    meshes = {repr(rec["mesh"]) for rec in records}
+    mesh = mesh_from(records[0]["mesh"] if len(meshes) == 1 else None, world)
+    declared: dict[str, dict[str, Placement]] = {}
+    if len(meshes) == 1 and records[0]["mesh"]:
+        for rec in records:
+            for name, placed in rec["declared"].items():
+                declared.setdefault(name, {axis: placement_from(p) for axis, p in placed.items()})
+    per_rank = [{n: tokens.get((r, n)) for n in names} for r in range(world)]
+    pre = from_digests(names, per_rank, mesh, classes=True)
+    variant = measured_variant(records, tokens, mesh, declared, pre.distinct)
+    by = {(h.rank, h.name): h for h in held}
+    stats = StatsTable(
+        names=names,
+        numel=[[by[(r, n)].numel if (r, n) in by else -1 for n in names] for r in range(world)],
+        itemsize=[[by[(r, n)].itemsize if (r, n) in by else 0 for n in names] for r in range(world)],
+        pow_sum=[[by[(r, n)].pow if (r, n) in by else 0.0 for n in names] for r in range(world)],
+    )
+    truth = measured_norm(stats, pre, mesh, norm_type)
+    case = CaseSpec(0, SCENARIO, variant, label, norm_type, max_norm)
+    return _Case(case, names, stats, pre, truth, held, tokens)
+
+
+def _judge(measured: _Case, records: Sequence[Mapping[str, Any]]) -> CaseResult:
+    """Rank 0: the case judged from every rank's record of the call."""
+    names = measured.names
+    post = [{n: (measured.pre.classes or {}).get(n, [None] * len(records))[r] if token == "kept" else token
+             for n, token in rec["post"].items()} for r, rec in enumerate(records)]
+    post_rep = from_digests(names, [{n: p.get(n) for n in names} for p in post], measured.case.layout.mesh,
+                            classes=True)
+    judged = [{k: v for k, v in rec.items() if k != "post"} for rec in records]
+    return evaluate(measured.case, measured.truth, measured.truth, measured.stats, measured.pre, post_rep, judged)
+
+
+def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], group: set[str],
+               originals: Mapping[str, torch.Tensor | None], copies: Grads, measured: _Case | None, label: str,
+               index: int) -> CaseResult | None:
+    """One run of the blame: every gradient outside ``group`` zero (present), the group's as before the
+    call; the clip called guarded; rank 0 judges the run's norm against the group's own truth."""
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, original in originals.items():
+            if original is None or name not in named:
+                continue
+            target = local_tensor(original)
+            copy = copies.get(name)
+            if name in group and copy is not None:
+                target.copy_(copy)
+            else:
+                target.zero_()
+            named[name].grad = original
+    value, error, seconds = _guarded(world, f"audit-blame-{index}", lambda: _materialized(clip()))
+    reported = None
+    if error is None and value is not None:
+        try:
+            reported = reported_value(value)
+        except TypeError:
+            reported = None
+    _agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
+    empty = {"scale": {}, "vanished": [], "mangled": {}, "created": [], "params_changed": [], "late": [],
+             "stale_truth": False, "undelivered": []}
+    records = world.gather_json(f"audit-blame-record-{index}", {"reported": reported, "error": error, "fault": None,
+                                                                "seconds": seconds, "local": empty},
+                                world.exchange_deadline_s)
+    if records is None or measured is None:
+        return None
+    return _group_result(measured, group, records)
+
+
+def _group_result(measured: _Case, group: set[str], records: Sequence[Mapping[str, Any]]) -> CaseResult:
+    """A one-group run judged as its own case: the truth of the group's gradients (each class it holds
+    once: a copy tied under a name outside the group was zero in this run)."""
+    stats, pre = measured.stats, measured.pre
+    classes = pre.classes or {}
+    sub_stats = StatsTable(stats.names, stats.numel, stats.itemsize,
+                           [[v if n in group else 0.0 for n, v in zip(stats.names, row)] for row in stats.pow_sum])
+    sub_pre = Replication(pre.distinct, {n: [k if n in group or k is None else f"zeroed|{r}|{n}"
+                                             for r, k in enumerate(keys)] for n, keys in classes.items()})
+    truth = measured_norm(sub_stats, sub_pre, measured.case.layout.mesh, measured.case.norm_type)
+    case = group_only(measured.case, sorted(group))
+    return evaluate(case, truth, truth, sub_stats, sub_pre, sub_pre, records)
+
+
+def _put_back(model: nn.Module, originals: Mapping[str, torch.Tensor | None], copies: Grads) -> None:
+    """The gradients as they were before the audit (``restore``): the same tensors, the saved values."""
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, original in originals.items():
+            p = named.get(name)
+            if p is None:
+                continue
+            copy = copies.get(name)
+            if original is not None and copy is not None:
+                local_tensor(original).copy_(copy)
+            p.grad = original
+
+
+def _text(result: CaseResult | None, world: UserWorld) -> str:
+    """The case as ``clipcheck run`` prints it (header, its line, failed checks, signature, blame)."""
+    import io
+
+    from harness.report.reporter import Reporter
+
+    if result is None:
+        return "clipcheck audit: nothing was judged"
+    out = io.StringIO()
+    reporter = Reporter(out, None, world.world_size, world.backend, verbose=False)
+    reporter.header(1, [])
+    reporter.case(result)
+    return out.getvalue().rstrip("\n")
+
+
+def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) -> AuditOutcome:
+    """A rank hung or died in the clip: rank 0 reports the case as unjudged, with every error a rank
+    posted (the cause its stuck peers wait for), and tells the stuck ranks the run is over (they then
+    leave with status 3, as in the harness's own cases)."""
+    errors = world.posted_errors()
+    if errors:
+        detail = "; ".join(f"rank {r} raised {e}" for r, e in sorted(errors.items())) + f"; then {detail}"
+    result = unjudged_result(measured.case, check, detail, world.world_size) if measured is not None else None
+    text = _text(result, world) if result is not None else f"clipcheck audit: {check}: {detail}"
+    if world.rank == 0:
+        print(text, file=sys.stderr, flush=True)
+        world.signal_ended()
+    world.hang_handler = world.default_hang_handler
+    return AuditOutcome(world.rank, world.world_size, world.backend, "ERROR", text, result, broken=True)
+
+
+def _rank0_hung(world: UserWorld, measured: _Case | None, message: str) -> None:
+    """Rank 0's own watchdog: its main thread is stuck in the clip, so this thread reports the case,
+    ends the run for every rank and leaves (status 3)."""
+    _ended(world, measured, "hang", f"rank 0: {message}")
+    os._exit(3)
+
+
+def describe_error(exc: BaseException) -> str:
+    return describe_exception(exc)
+
+
+__all__ = ["AuditOutcome", "run_audit", "clip_label", "job_mesh", "cheap_scale", "mangled_reason"]
