@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
+from harness.report.safe_text import one_line
 from harness.spec.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
 
 
@@ -52,6 +54,11 @@ def unwritable(path: str | None) -> str | None:
     if not existed:
         target.unlink(missing_ok=True)
     return None
+
+
+def print_error(message: object) -> None:
+    """The one line bad input gets (on stderr). The message may quote a file or a blob: escaped."""
+    print(f"clipcheck: error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def quiet_torch_warnings() -> None:
