@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import fork_problem, forked_rank
 from harness.commands.mirror import ResultsMirror
-from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, spec_from_args, \
-    unwritable
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, \
+    results_files_problem, spec_from_args
 from harness.commands.rendezvous import launch_config
 from harness.errors import ClipcheckInputError
 from harness.judge.checks import unjudged_result
@@ -55,7 +55,6 @@ from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.startup import preload_frameworks
 from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
-from harness.spec.case import CaseSpec
 from harness.spec.plan import Plan, plan_cases
 
 if TYPE_CHECKING:
@@ -329,14 +328,7 @@ def write_results(records: list[CaseRecord], backend: str, jsonl: str | None, ju
 def _usage_problem(args: argparse.Namespace, backend: str) -> str | None:
     if args.nproc < 1:
         return "--nproc must be positive"
-    problem = world_problem(args.nproc, backend) or timeout_problem(args.timeout)
-    if problem:
-        return problem
-    for flag, path in (("--json", args.json), ("--junit", args.junit)):
-        problem = unwritable(path)
-        if problem:
-            return f"{flag} {path}: {problem}"
-    return None
+    return world_problem(args.nproc, backend) or timeout_problem(args.timeout) or results_files_problem(args)
 
 
 def main(argv: Sequence[str], plan: Plan | None = None) -> int:

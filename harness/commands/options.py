@@ -56,6 +56,15 @@ def unwritable(path: str | None) -> str | None:
     return None
 
 
+def results_files_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--json`` or ``--junit`` cannot be written (one line), or None."""
+    for flag, path in (("--json", args.json), ("--junit", args.junit)):
+        problem = unwritable(path)
+        if problem:
+            return f"{flag} {path}: {problem}"
+    return None
+
+
 def print_error(message: object) -> None:
     """The one line bad input gets (on stderr). The message may quote a file or a blob: escaped."""
     print(f"clipcheck: error: {one_line(message)}", file=sys.stderr, flush=True)

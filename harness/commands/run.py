@@ -30,8 +30,8 @@ from harness.run.devices import world_problem
 from harness.run.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
-from harness.commands.options import add_selection_options, print_error, quiet_torch_warnings, spec_from_args, \
-    unwritable
+from harness.commands.options import add_selection_options, print_error, quiet_torch_warnings, \
+    results_files_problem, spec_from_args
 from harness.spec.plan import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
@@ -154,13 +154,7 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
         return "--start-at must be 0 or more"
     # only rank 0 writes the results files; probing one path from every rank at once races (a rank's
     # probe file removed under another's: seen with forked ranks, which start together)
-    if rank != 0:
-        return None
-    for flag, path in (("--json", args.json), ("--junit", args.junit)):
-        problem = unwritable(path)
-        if problem:
-            return f"{flag} {path}: {problem}"
-    return None
+    return results_files_problem(args) if rank == 0 else None
 
 
 def _local_world_size(world_size: int | None = None) -> int:
