@@ -172,3 +172,17 @@ def test_interrupting_leaves_no_process_even_mid_hang(tmp_path):
     proc.communicate(timeout=150)
     assert proc.returncode == 128 + signal.SIGTERM
     assert not watch.survivors()
+
+
+def test_interrupting_fuzz_is_quiet_and_leaves_no_rank(tmp_path):
+    """30.9 for `clipcheck fuzz`: SIGINT ends it with 130, one line, no traceback (neither its own nor a
+    rank's), and its warm world goes with it."""
+    proc = start_harness(["fuzz", "--target", f"{FAULTS}:slow_reference", "--world", "2", "--examples", "5"],
+                         CLIPCHECK_TEST_SLEEP="600")
+    watch = FamilyWatch(proc.pid)
+    wait_until(lambda: len(watch.seen) >= 3, 240, "the warm world")  # its fork server and two ranks
+    time.sleep(5)  # into the first example
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in err, out + err
+    assert not watch.survivors()

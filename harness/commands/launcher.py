@@ -133,7 +133,8 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for noisy in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):  # "Terminating process ...": ours to say
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # a spawned rank dies with this process
     config = launch_config(nproc)

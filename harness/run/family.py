@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import time
 from pathlib import Path
 
 PARENT_PID_ENV = "CLIPCHECK_PARENT_PID"
@@ -122,9 +123,23 @@ def end_descendants(spare: set[int] | frozenset[int] = frozenset()) -> list[int]
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    for pid in ended:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except OSError:  # not our child (a grandchild): its own parent, or init, reaps it
-            pass
+    _reap(ended)
     return ended
+
+
+def _reap(pids: list[int], within_s: float = 1.0) -> None:
+    """Collect the exit of those of ``pids`` that are this process's children (a zombie left here would
+    keep ``has_children`` true, and every later case paying for a /proc scan); the others are their own
+    parent's, or init's, to collect."""
+    deadline = time.monotonic() + within_s
+    waiting = list(pids)
+    while waiting and time.monotonic() < deadline:
+        for pid in list(waiting):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            except OSError:  # not our child, or already collected
+                pass
+            waiting.remove(pid)
+        if waiting:
+            time.sleep(0.01)

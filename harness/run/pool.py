@@ -112,6 +112,9 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
     global _WORLD
     die_with_parent()
     children_die_with_this_process()  # a child a task forks must not hold this rank's pipe open
+    # Ctrl-C reaches the whole foreground group: the parent decides (it stops or kills the pool), a
+    # rank printing its own KeyboardInterrupt traceback would only bury the parent's one line
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
