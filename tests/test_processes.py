@@ -115,7 +115,7 @@ def test_a_leaked_collective_thread_fails_its_own_target_never_the_next(tmp_path
     run = (run_clipcheck if launcher == "clipcheck-run" else run_harness)(2, args, tmp_path, timeout=400)
     leaks = run.cases(target=f"{FAULTS}:leaks_a_collective_thread")
     assert leaks and all("contract" in failed(c) for c in leaks[:1]), [c["checks"] for c in leaks]
-    assert "thread(s) (leaked-allreduce" in leaks[0]["checks"]["contract"]["detail"]
+    assert "thread(s) running after it returned (leaked-allreduce" in leaks[0]["checks"]["contract"]["detail"]
     references = run.cases(target="reference")
     assert len(references) == 2
     if launcher == "clipcheck-run":
