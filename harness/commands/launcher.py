@@ -133,8 +133,7 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    for noisy in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):  # "Terminating process ...": ours to say
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    quiet_the_agent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # a spawned rank dies with this process
     config = launch_config(nproc)
@@ -153,6 +152,16 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
         for signum in (signal.SIGINT, signal.SIGTERM):  # the agent left its own handlers installed
             signal.signal(signum, _raise_interrupted)
     return []
+
+
+def quiet_the_agent() -> None:
+    """Only our output: torch's elastic agent and process helpers log each step ("Received 2 death
+    signal, shutting down workers", "Terminating process ..."), and their module loggers carry a level
+    of their own, so each is set (they are imported by now)."""
+    noisy = ("torch.distributed.elastic", "torch.multiprocessing")
+    for name in [*noisy, *logging.root.manager.loggerDict]:
+        if name.startswith(noisy):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def rank_exits(failed: ChildFailedError) -> list[RankExit]:
