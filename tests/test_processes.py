@@ -61,7 +61,8 @@ def test_a_clips_child_processes_fail_its_case_and_are_gone_in_bounded_time(tmp_
     for name in CHILDREN:
         case = run.one(target=f"{FAULTS}:{name}")
         assert case["verdict"] == "FAIL" and "contract" in failed(case), (name, case["checks"])
-        assert "process(es)" in case["checks"]["contract"]["detail"] and "killed" in case["checks"]["contract"]["detail"]
+        detail = case["checks"]["contract"]["detail"]
+        assert "process(es)" in detail and "killed" in detail, detail
     assert run.one(target="reference")["verdict"] == "PASS"
     assert seconds < 300, seconds
     assert not [line for line in _sleepers()], _sleepers()
@@ -88,7 +89,8 @@ def test_spawned_ranks_die_with_a_launcher_killed_outright(tmp_path, command):
     on for minutes after `clipcheck run` or `clipcheck matrix` was SIGKILLed. They die with their parent
     now, and a launcher with its matrix."""
     args = [*ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1", "--timeout", "600", "--spawn-ranks"]
-    head = ["run", "--nproc", "2"] if command == "run" else ["matrix", "--nproc-list", "2", "--out", str(tmp_path / "m")]
+    head = (["run", "--nproc", "2"] if command == "run"
+            else ["matrix", "--nproc-list", "2", "--out", str(tmp_path / "m")])
     proc = start_harness([*head, *args])
     try:
         wait_until(lambda: len(descendants(proc.pid)) >= (2 if command == "run" else 3), 240, "the ranks")

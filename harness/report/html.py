@@ -572,7 +572,8 @@ def _render_header(title: str, generated: str | None, cases: list[dict[str, Any]
     return (f'<header id="summary" data-cases="{len(cases)}" data-passed="{counts.passed}"'
             f' data-failed="{counts.failed}" data-errors="{counts.errors}" data-skipped="{counts.skipped}"'
             f' data-metamorphic="{len(groups)}" data-metamorphic-failed="{meta_failed}" data-verdict="{verdict}">'
-            f'<div class="title"><h1>{_e(title)} <span class="overall {_CLASS.get(verdict, _NO_VERDICT)}">{verdict}</span></h1>'
+            f'<div class="title"><h1>{_e(title)} '
+            f'<span class="overall {_CLASS.get(verdict, _NO_VERDICT)}">{verdict}</span></h1>'
             f"{when}</div>"
             f'<div class="totals">{totals}</div>'
             '<div class="legend"><span class="sw v-pass"></span>pass <span class="sw v-fail"></span>fail '

@@ -188,7 +188,8 @@ class Reporter:
                     self._print(f"  measured [{label}] {name}: {where}")
         reported = result.reported[0] if result.reported else None
         self._print(
-            f"{one_line(case.scenario):<17} {label:<52} {one_line(case.target):<25} {case.norm_label:<5} {case.injection.dtype:<5} "
+            f"{one_line(case.scenario):<17} {label:<52} {one_line(case.target):<25} {case.norm_label:<5} "
+            f"{case.injection.dtype:<5} "
             f"{bound_label(case.clip_ratio, case.max_norm):<7} {_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
         )
         for check in result.failed:
