@@ -26,7 +26,7 @@ from harness.targets.loading import load_object
 from harness.spec.matrix import spec_from_mapping
 from harness.spec.plan import Plan, plan_cases
 from harness.run.pool import RankPool
-from harness.run.on_pool import run_case_on_pool
+from harness.run.on_pool import forget_blame, run_case_on_pool
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_PASS, count
 from harness.run.watchdog import timeout_problem
@@ -92,7 +92,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
           seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
-          pools: Mapping[int, RankPool] | None = None, blame: bool = False) -> CheckReport:
+          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto") -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
@@ -100,8 +100,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     is skipped with its reason (``report.skipped``), as the matrix does; none runnable is bad input.
     ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
     ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards.
-    ``blame``: for each case with a wrong norm, the weight the target gives each parameter group
-    (each record's ``blame``; printed under the case)."""
+    ``blame``: for a case with a wrong norm, the weight the target gives each parameter group (each
+    record's ``blame``; printed under the case): ``"auto"`` (the default) once per layout, target, norm
+    and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never."""
     raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
                        ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
@@ -144,7 +145,8 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
 
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
-              records: list[Record], blame: bool) -> None:
+              records: list[Record], blame: bool | str) -> None:
+    pool.run(forget_blame)  # the plan's weighings are its own
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
     for case in plan.cases:

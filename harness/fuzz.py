@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Flaky
 
 from harness.judge.blame import blame_lines
 from harness.judge.checks import CaseResult
@@ -45,6 +46,8 @@ class FuzzReport:
     result: CaseResult | None = None
     crash: str | None = None
     shrink_steps: int = 0
+    flaky: str | None = None
+    """Why the first failure did not come back when hypothesis ran the same example again."""
     log: list[str] = field(default_factory=list)
 
     @property
@@ -58,6 +61,10 @@ class FuzzReport:
 
 class _Failed(AssertionError):
     pass
+
+
+FLAKY = ("failed when first drawn, passed when the same example ran again: the function keeps state between "
+         "calls (or depends on timing); the failure shown is the first one, as it was judged")
 
 
 def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None, shrink: bool = True,
@@ -99,8 +106,16 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
         property_holds()
     except _Failed:
         pass
-    if blame and report.crash is None and report.minimal is not None:
-        report.result = run_case_on_pool(pool, case_spec(report.minimal, target), scenario, blame=True)
+    except Flaky:  # the failure did not come back on replay: judged as found, never a crash of the search
+        report.flaky = FLAKY
+    if report.crash is None and report.flaky is None and report.minimal is not None:
+        # the minimal case once more, on its own (with its blame): a failure that does not come back was
+        # the function's state or timing, and the failure shown stays the one that was judged
+        again = run_case_on_pool(pool, case_spec(report.minimal, target), scenario, blame=blame)
+        if again.verdict == "PASS":
+            report.flaky = FLAKY
+        else:
+            report.result = again
     report.seconds = time.perf_counter() - start
     return report
 
@@ -127,6 +142,8 @@ def describe(report: FuzzReport) -> list[str]:
     if report.passed:
         return [f"{head}: PASS"]
     lines = [f"{head}: FAIL (first failure at example {report.failed_at}, shrunk in {report.shrink_steps} steps)"]
+    if report.flaky:
+        lines.append(f"  {report.flaky}")
     lines += [f"  {line}" for line in minimal_case_lines(report)]
     if report.crash:
         lines.append(f"  not judged ({report.crash.splitlines()[0]}); the search stopped without shrinking")
@@ -149,7 +166,8 @@ def minimal_case_lines(report: FuzzReport) -> list[str]:
     layout = variant.layout
     lines = [f"minimal case: mesh {layout.describe()}, {len(layout.params)} param(s), "
              f"L{report.minimal.norm_type:g} {variant.injection.dtype}, max_norm {report.minimal.max_norm:.6g}"
-             f"{', DTensor parameters placed as declared' if variant.dtensor else ''}"]
+             f"{', DTensor parameters placed as declared' if variant.dtensor else ''}"
+             f"{' (plain: ' + ', '.join(sorted(variant.plain)) + ')' if variant.plain else ''}"]
     for spec in layout:
         placement = ", ".join(f"{d}={p}" for d, p in spec.placements) or "replicated"
         present = "" if spec.present_ranks is None else f" on ranks {sorted(spec.present_ranks)}"
@@ -164,7 +182,7 @@ def fuzz_record(report: FuzzReport, backend: str) -> FuzzRecord:
     return FuzzRecord(
         type="fuzz", target=report.target, world_size=report.world_size, backend=backend,
         examples=report.examples, seconds=round(report.seconds, 3), passed=report.passed,
-        failed_at=report.failed_at, shrink_steps=report.shrink_steps, crash=report.crash,
+        failed_at=report.failed_at, shrink_steps=report.shrink_steps, crash=report.crash, flaky=report.flaky,
         minimal=minimal_case_lines(report),
         result=None if report.result is None else case_json(report.result, report.world_size, backend),
         replay=report.replay)

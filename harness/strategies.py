@@ -22,6 +22,10 @@ What gets drawn:
 * which parameters the framework's plan enumerates: the others get a fallback ``Replicate`` on ``ep``;
 * sometimes DTensor parameters (when every parameter is on every rank), placed as the plan declares:
   honest placements where the plan enumerates a parameter, a lying ``Replicate`` where it does not;
+* sometimes some of a DTensor model's replicated parameters stay plain tensors (a TP plan's
+  unplanned modules);
+* gradient magnitudes: as generated, loss-scaled (x64: norms inside fp16, their squares beyond it),
+  and around fp16's smallest normal numbers (x2^-14: squares that underflow);
 * experts whose gradient is None (no tokens; plain parameters only: a DTensor gradient exists on
   every rank of its mesh), all-zero gradients, a NaN or inf element on any rank's slice (gloo's float
   MAX keeps a NaN only where rank 0 holds it, so which rank holds it matters);
@@ -30,6 +34,7 @@ What gets drawn:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -49,6 +54,13 @@ NORM_TYPES = (2.0, 1.0, math.inf, 3.0)
 NONFINITE_NORM_TYPES = (math.inf, 2.0)
 DTYPES = ("fp32", "fp32", "bf16", "fp16", "fp64")
 CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0)
+SCALES = (1.0, 1.0, 64.0, 2.0**-14)
+"""Gradient magnitudes: as drawn, a loss-scaled fp16 run's (norms inside fp16, squares beyond it), and
+fp16's smallest normal numbers (squares that underflow); shrinks towards 1."""
+DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.39e38, "fp32": 3.40e38, "fp64": 1.79e308}
+FITS_THE_DTYPE = 4.0
+"""A drawn norm stays below a quarter of its dtype's largest number (else the scale falls back to 1):
+a correct clip may return the norm in the gradient dtype."""
 
 
 @dataclass(frozen=True)
@@ -255,9 +267,17 @@ def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
     injection = draw(injections(layout, seed=draw(_integers(0, 2**16)), dtensor=dtensor))
     # with a NaN or inf gradient the inf norm is where clips differ most (a float MAX may drop a NaN)
     norm_type = draw(st.sampled_from(NONFINITE_NORM_TYPES if injection.nonfinite else NORM_TYPES))
-    variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,
-                      dtensor=dtensor)
-    truth = variant_truth(variant, norm_type)  # kept on the variant: rank 0 judges with it
     factor = draw(st.sampled_from(CLIP_FACTORS))
+    # drawn last, so that adding them left the rest of each example as it was drawn before:
+    # a DTensor model whose plan leaves some modules unplanned holds them as plain, replicated tensors
+    replicated = tuple(spec.name for spec in layout if all(isinstance(p, Replicate) for _, p in spec.placements))
+    plain = frozenset(draw(_subsets(replicated, len(replicated)))) if dtensor and replicated else frozenset()
+    injection = dataclasses.replace(injection, scale=draw(st.sampled_from(SCALES)))
+    variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,
+                      dtensor=dtensor, plain=plain)
+    truth = variant_truth(variant, norm_type)  # kept on the variant: rank 0 judges with it
+    if math.isfinite(truth) and truth * FITS_THE_DTYPE > DTYPE_MAX[injection.dtype]:  # a norm the dtype cannot hold
+        variant = dataclasses.replace(variant, injection=dataclasses.replace(injection, scale=1.0))
+        truth = variant_truth(variant, norm_type)
     max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0
     return DrawnCase(variant, norm_type, max_norm, world_size)

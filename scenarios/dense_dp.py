@@ -29,7 +29,7 @@ from harness.spec.scenario import Scenario, ScenarioOptions
 LAYERS = 3
 
 
-def _width(world_size: int) -> int:
+def dense_width(world_size: int) -> int:
     return 32 if 32 % world_size == 0 else 8 * world_size
 
 
@@ -40,7 +40,7 @@ class DenseDP(Scenario):
     default_norm_types = (2.0, float("inf"))
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
-        width = _width(world_size)
+        width = dense_width(world_size)
         mesh = MeshSpec.of(dp=world_size)
         last_row = width * width - 2  # an element of the last rank's shard under Shard(0)
         fsdp: dict[str, Any] = {MeshAxis.DP: Shard(0)}

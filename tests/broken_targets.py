@@ -184,3 +184,32 @@ def swaps_dtensor_grad_data(model, *, max_norm, norm_type=2.0):
         if p.grad is not None and hasattr(p.grad, "to_local"):
             p.grad.data = torch.zeros(19, dtype=torch.float64)
     return total
+
+
+_PREVIOUS_NORM: list[float] = []
+
+
+def reports_the_previous_norm(model, *, max_norm, norm_type=2.0):
+    """flaky: clips right, but reports the norm of its previous call (a cached value): right on its first
+    call, wrong on most later ones, and right again when the same case is replayed right after itself."""
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    reported = _PREVIOUS_NORM[-1] if _PREVIOUS_NORM else total
+    _PREVIOUS_NORM.append(total)
+    return reported
+
+
+def drops_later_stages(model, *, max_norm, norm_type=2.0):
+    """norm: counts only what pipeline stage 0 holds (each rank adds its share only on pp coordinate 0),
+    so every later stage is left out; linear in the groups, not a MAX of stage norms."""
+    import harness
+    from harness.clipmath import reduce_root_and_clip, weighted_partial
+    from harness.spec.axes import MeshAxis
+
+    ctx = harness.context(model)
+    params = trainable_with_grads(model)
+    local = weighted_partial(params, norm_type, lambda name, _: ctx.true_replica_count(name))
+    mesh = ctx.mesh_spec
+    if mesh.has(MeshAxis.PP) and mesh.coordinate(ctx.rank)[mesh.index(MeshAxis.PP)] != 0:
+        local = 0.0
+    return torch.tensor(reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type),
+                        dtype=torch.float64)

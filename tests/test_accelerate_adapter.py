@@ -2,11 +2,18 @@
 FSDP2+TP prepared by accelerate, and TP models with plain and DTensor parameters. Where accelerate is
 not installed, its cases must be skips carrying the install hint."""
 
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 from harness.scenarios.accelerate import FRAMEWORK as ACCELERATE
+from harness.scenarios.accelerate.adapter import TARGETS as ACCELERATE_TARGETS
 from harness.scenarios.accelerate.adapter import transformers_major
-from harness_runs import expect_skips, failed, run_harness
+from harness_runs import ROOT, expect_skips, failed, run_harness
 
 pytestmark = pytest.mark.distributed
 
@@ -39,7 +46,7 @@ def test_fsdp2_hsdp_and_fsdp2_tp_are_exact(accelerate_world4):
     if transformers_major() == 4:
         layouts.add("dp_shard=2 tp=2 fsdp2+tp")
     else:  # accelerate's FSDP2+TP prepare needs a class transformers 5 removed: refused with that reason
-        assert "FSDP2+TP: accelerate 1.15.0's prepare imports" in run.stdout
+        assert "FSDP2+TP: accelerate's prepare (1.15.0, 1.16.0) imports" in run.stdout
     assert {c["layout"] for c in cases} == layouts
     assert len(cases) == 4 * len(layouts)  # L2/inf x bound below/above the norm
     assert all(c["framework"] == "accelerate 1.15.0" for c in cases)
@@ -84,6 +91,31 @@ def test_plain_expert_shards_are_counted_rank_locally(accelerate_world4, acceler
     two = accelerate_world2.one(layout="tp=2 tp experts plain", norm="L2", **one)
     assert two["verdict"] == "FAIL" and f"{two['ratio']:.6f}" == "0.740771"
     assert [f"{r:.4f}" for r in two["reported"]] == ["21.5087", "21.2339"]
+    # who reaches it: stock with transformers 4.x only, reproduced without clipcheck by the repro
+    for case in (l2, inf, two):
+        finding = case["finding"]
+        assert finding["reach"] == "stock" and "transformers 4.x" in finding["how"], finding
+        assert "not with transformers from 5.16" in finding["how"] and finding["upstream"] is None
+        assert finding["repro"] == "scenarios/accelerate/repro_tp_plain_experts.py"
+        assert (ROOT / finding["repro"]).is_file()
+
+
+def test_every_tp_shard_plain_is_clipped_rank_locally(accelerate_world4, accelerate_world2):
+    """Every TP shard a plain local tensor (what transformers 5.5 to 5.14 leave): accelerate has one
+    plain group and clips each rank by the norm of its own shards."""
+    if ACCELERATE.unavailable():
+        expect_skips(accelerate_world4, ACCELERATE, *TARGETS)
+        return
+    one = dict(target="accelerate-tp", dtype="fp32", clip_ratio=0.5, norm="L2")
+    four = accelerate_world4.one(layout="tp=4 tp all plain", **one)
+    assert four["verdict"] == "FAIL" and failed(four) == {"norm", "agree", "coefficient", "replicas"}
+    assert four["ratio"] < 0.9 and len(set(four["reported"])) == 4
+    two = accelerate_world2.one(layout="tp=2 tp all plain", **one)
+    assert two["verdict"] == "FAIL" and f"{two['ratio']:.6f}" == "0.916868"
+    for case in (four, two):
+        finding = case["finding"]
+        assert finding["reach"] == "stock" and "transformers 5.5 to 5.14" in finding["how"], finding
+        assert finding["repro"] == "scenarios/accelerate/repro_tp_plain_experts.py"
 
 
 def test_each_target_only_runs_its_call_path(accelerate_world4):
@@ -113,9 +145,57 @@ def test_a_nan_on_one_rank(accelerate_world4):
         assert run.one(target=target, layout=layout, norm="L2", **one)["verdict"] == "PASS", layout
         inf = run.one(target=target, layout=layout, norm="Linf", **one)
         assert inf["verdict"] == "FAIL" and failed(inf) == {"nonfinite"}, (layout, failed(inf))
+        assert inf["finding"]["owner"] == "pytorch/pytorch"  # torch's MAX drops the NaN, filed once under torch
         assert all(f"{r:.6f}" == "1.066019" for r in inf["reported"])
     for norm in ("L2", "Linf"):
         experts = run.one(target="accelerate-tp", layout="tp=4 tp experts plain nan", norm=norm, **one)
         assert {"agree", "nonfinite"} <= failed(experts), norm
         assert "3: nonfinite" in experts["checks"]["nonfinite"]["detail"]
         assert "0: finite" in experts["checks"]["nonfinite"]["detail"]
+
+
+def test_gradients_come_through_accelerate_backward():
+    """Both targets hand the layout's gradients over through ``accelerator.backward`` on the prepared
+    model (FSDP2's reduce-scatter acts between backward and clip), not by writing ``.grad``."""
+    assert all(t.backward is not None for t in ACCELERATE_TARGETS)
+    assert {t.name for t in ACCELERATE_TARGETS} == set(TARGETS)
+
+
+def run_repro(nproc: int, script: str, python: str = sys.executable, timeout: float = 300) -> list[str]:
+    """A standalone reproduction under torchrun (no clipcheck): its stdout lines."""
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ROOT / script)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+REPORT = re.compile(r"reported=(\S+) true=(\S+) ratio=(\S+)$")
+
+
+def transformers_minor() -> tuple[int, int]:
+    major, minor = importlib.metadata.version("transformers").split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.mark.skipif(bool(ACCELERATE.unavailable()), reason=f"accelerate is not installed: {ACCELERATE.install}")
+def test_repro_tp_plain_experts():
+    """The standalone reproduction: a dots.llm1 loaded with ``tp_plan="auto"``, a real backward,
+    accelerate's clip, the true norm gathered on rank 0. Where transformers leaves TP shards plain
+    (4.x: its local_* expert styles, checked with 4.57.6: ranks 1.832339 / 1.844782, true 1.878211,
+    ratio 0.975577 at world 2; 5.5 to 5.14: every shard, checked with 5.5.4, 5.10.4, 5.14.1: ratio
+    0.88) each rank reports its own, too small norm; with transformers from 5.16 (the pinned 5.18.0)
+    every TP shard is a DTensor, no plain shard arises and the clip is exact."""
+    lines = run_repro(2, "scenarios/accelerate/repro_tp_plain_experts.py")
+    match = REPORT.match(lines[-1])
+    assert match, lines
+    reported, true, ratio = (float(x) for x in match.groups())
+    by_rank = [float(x) for x in lines[-2].removeprefix("reported by rank: ").split()]
+    version = transformers_minor()
+    if version[0] == 4 or (5, 5) <= version < (5, 16):
+        assert "plain TP-sharded gradients" in lines[-3]
+        assert ratio < 0.99 and by_rank[0] != by_rank[1], lines
+    else:
+        assert "no plain shards, the layout does not arise" in lines[-3]
+        assert abs(ratio - 1) < 1e-5 and by_rank[0] == by_rank[1], lines
+    assert reported == by_rank[0] and true > 0

@@ -5,12 +5,9 @@ be skips carrying the install hint, never failures."""
 import pytest
 
 from harness.report.compat import compat_rows, markdown
-from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
-from harness.scenarios.megatron import FRAMEWORK as MEGATRON
-from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness.targets.frameworks import Framework
-from harness_runs import expect_skips, failed, run_harness
+from harness_runs import expect_skips, run_harness
 
 pytestmark = pytest.mark.distributed
 
@@ -20,103 +17,6 @@ def adapters_world4(tmp_path_factory):
     return run_harness(4, ["--scenario", "torchtitan_ep,megatron_moe_tp,fsdp2_meshes,xorl_ep_lora",
                            "--target", "torchtitan,megatron,torch-fsdp2,xorl,reference", "--ep-size", "2"],
                        tmp_path_factory.mktemp("adapters"))
-
-
-
-
-
-
-def test_deepspeed_fp32_clip_averages_local_norms(deepspeed_world2):
-    run = deepspeed_world2
-    if DEEPSPEED.unavailable():
-        expect_skips(run, DEEPSPEED, "deepspeed")
-        return
-    for target in ("deepspeed", "deepspeed-engine"):
-        for case in run.cases(target=target):
-            assert case["framework"].startswith("deepspeed ")
-            if "replicated" in case["layout"] or "nan" in case["layout"]:
-                assert case["verdict"] == "PASS", case["layout"]
-            elif "frozen-dense" in case["layout"]:
-                # a finding: DeepSpeed's clip indexes into an empty list on the rank that holds no gradient
-                assert failed(case) == {"raised"}, case["layout"]
-                assert "rank 1: " in case["checks"]["raised"]["detail"]
-            else:
-                assert case["verdict"] == "FAIL", case["layout"]
-                assert any("mean of the rank-local norms" in s for s in case["signature"])
-    gap = run.metamorphic(target="deepspeed", norm="L2", dtype="fp32", invariance_key="autoep", bound="x0.5")[0]
-    assert {c["dtype"] for c in run.cases(target="deepspeed-engine")} == {"fp32"}
-    assert not gap["passed"] and gap["gap"] > 0
-    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_deepspeed_engine_is_l2_only(deepspeed_world2):
-    assert {c["norm_type"] for c in deepspeed_world2.cases(target="deepspeed-engine")} == {2.0}
-    assert "target deepspeed-engine supports norm types L2 only" in deepspeed_world2.stdout
-
-
-def test_torchtitan_trusts_placements(adapters_world4):
-    run = adapters_world4
-    if TORCHTITAN.unavailable():
-        expect_skips(run, TORCHTITAN, "torchtitan")
-        return
-    honest = run.cases(target="torchtitan", layout="efsdp=2 ep=2 honest")
-    assert len(honest) == 8 and all(c["verdict"] == "PASS" for c in honest)  # L2/inf x fp32/bf16 x 2 bounds
-    one = dict(norm="L2", dtype="fp32", clip_ratio=0.5)
-    lies = run.one(target="torchtitan", layout="efsdp=2 ep=2 placement lies", **one)
-    assert lies["verdict"] == "FAIL"
-    assert lies["declared_mismatches"] == ["declared Replicate on ep, measured distinct: shared_lora_A"]
-    assert any("declared placements" in s for s in lies["signature"])
-    no_ep = run.one(target="torchtitan", layout="efsdp=2 ep=2 experts without ep dim", **one)
-    assert "raised" in failed(no_ep) and "must have the same mesh" in no_ep["checks"]["raised"]["detail"]
-
-
-@pytest.fixture(scope="module")
-def stages_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "pipeline_stages", "--target", "torchtitan-pp,reference", "--dtype", "fp32"],
-                       tmp_path_factory.mktemp("stages"))
-
-
-def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
-    run = stages_world4
-    if TORCHTITAN.unavailable():
-        expect_skips(run, TORCHTITAN, "torchtitan-pp")
-        return
-    cases = run.cases(target="torchtitan-pp")
-    layouts = {c["layout"] for c in cases}
-    # pp=1, 2, 4 untied and the single-stage tied control: L2 and inf, bound below and above
-    assert layouts == {"pp=1 dp=4 tied embedding", "pp=1 dp=4 untied", "pp=2 dp=2 untied", "pp=4 dp=1 untied"}
-    assert len(cases) == 16 and all(c["verdict"] == "PASS" for c in cases), [
-        (c["layout"], failed(c)) for c in cases if c["verdict"] != "PASS"]
-    # layouts torchtitan itself rejects are refused with its reason, not judged
-    assert "refuses some pipeline_stages layouts: a weight tied across stages" in run.stdout
-    assert "expert stages (EP with PP) are not modelled" in run.stdout
-    assert all(c["verdict"] == "PASS" for c in run.cases(target="reference"))
-
-
-def test_megatron_tp_duplicate_filter(adapters_world4):
-    run = adapters_world4
-    if MEGATRON.unavailable():
-        expect_skips(run, MEGATRON, "megatron")
-        return
-    for case in run.cases(target="megatron"):
-        assert case["framework"] == "megatron-core 0.16.1"
-        expected = "FAIL" if "unmarked" in case["layout"] else "PASS"
-        assert case["verdict"] == expected, case["layout"]
-    unmarked = run.one(target="megatron", layout="dp=1 ep=2 tp=2 experts unmarked (grouped GEMM)", norm="L2",
-                       dtype="fp32", clip_ratio=0.5)
-    assert unmarked["ratio"] < 0.95 and failed(unmarked) == {"norm", "coefficient"}
-
-
-def test_fsdp2_one_mesh_exact_mixed_meshes_raise_clearly(adapters_world4):
-    run = adapters_world4
-    for layout in ("dp=4 fsdp", "dp_replicate=2 dp_shard=2 hsdp"):
-        assert all(c["verdict"] == "PASS" for c in run.cases(target="torch-fsdp2", layout=layout))
-    for case in run.cases(target="torch-fsdp2", layout="ep=2 ep_fsdp=2 mixed meshes"):
-        assert case["verdict"] == "FAIL" and failed(case) == {"raised"}
-        detail = case["checks"]["raised"]["detail"]
-        assert detail.startswith("ranks [0, 1, 2, 3]: RuntimeError: All operands in aten.stack.default must have "
-                                 "the same mesh")
-    assert run.summary["harness_errors"] == 0
 
 
 def test_xorl_runs_where_importable_and_skips_with_the_hint_elsewhere(adapters_world4):

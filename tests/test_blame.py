@@ -23,7 +23,7 @@ LINEAR = {
     "mutant-fallback-replicated": "of its true weight (declared Replicate on ep, measured distinct)",
     "mutant-tp-replicas-summed": "counted 2 times",
     "mutant-stage-local-norm": "counted 1/2 of its true weight",
-    "mutant-tied-counted-twice": "tok_embeddings.weight: counted 2 times",
+    "mutant-tied-counted-twice": "counted 2 times",
     "mutant-hsdp-replicas-summed": "counted 2 times",
     "mutant-cp-replicas-summed": "counted 2 times",
     "mutant-experts-dropped": "not counted at all",
@@ -31,7 +31,7 @@ LINEAR = {
     "mutant-missing-ep-reduction": "of its true weight",
     "mutant-tp-filter-drops-shards": "of its true weight",
     "mutant-reports-local-norm": "of its true weight",
-    "mutant-weights-misaligned": "moe.experts.*.weight: counted",
+    "mutant-weights-misaligned": "moe.experts.*.weight (ranks",  # experts owned by different ranks: one group each
 }
 # not linear in them: blamed, with the note that the weights hold for each group alone
 NOT_LINEAR = ("mutant-local-root-mean", "mutant-norms-added-linearly", "mutant-pp-max-reduce")
@@ -97,3 +97,27 @@ def test_catalogue_mutants_are_blamed_on_their_guilty_group(world4, mutant):
         assert any(LINEAR[mutant] in line and "once" not in line for line in lines), lines
     else:
         assert any("not additive over the groups" in c["blame_note"] for c in blamed), blamed[0]["blame_note"]
+
+
+def test_a_failing_norm_is_blamed_by_default_once_per_layout_and_the_other_bound_reuses_it(world4):
+    report = check("mutant-local-root-mean", scenarios=["deepspeed_autoep"], worlds=[WORLD], pools={WORLD: world4},
+                   dtypes=["fp32"], norm_types=["2"], clip_ratios=[0.5, 2.0], variant="owner-sharded")
+    first, second = [c for c in report.cases if c["layout"] == "edp=2 ep=2 owner-sharded"]
+    assert first["blame"] and second["blame"] == first["blame"]
+    assert f"weighed on case {first['index']} (bound x0.5)" in second["blame_note"]
+    # the table prints the blame's one-line summary under every failing norm
+    assert all(c["blame"] for c in report.failures if not c["checks"]["norm"]["passed"])
+    assert report.describe().count("      blame: moe.experts.*.weight (ranks ") == len(report.failures)
+    off = check("mutant-local-root-mean", scenarios=["deepspeed_autoep"], worlds=[WORLD], pools={WORLD: world4},
+                blame="off", variant="owner-sharded", **ONE_CASE_EACH)
+    assert not _blamed(off)
+
+
+def test_a_clip_that_drops_later_stages_is_blamed_on_them_and_not_signed_a_max(world4):
+    report = check("tests/broken_targets.py:drops_later_stages", scenarios=["pipeline_stages"], worlds=[WORLD],
+                   pools={WORLD: world4}, variant="pp=2 dp=2 untied", **ONE_CASE_EACH)
+    (case,) = report.failures
+    assert not any("MAX" in line for line in case["signature"]), case["signature"]
+    lines = [b["line"] for b in case["blame"]]
+    assert any(line.endswith("(ranks 2, 3): not counted at all") for line in lines), lines
+    assert any(line.endswith("(ranks 0, 1): counted once (its true weight)") for line in lines), lines

@@ -90,7 +90,9 @@ def test_xorl_one_local_expert_defeats_plan_and_fix(xorl_world4):
 def test_xorl_records_are_complete(xorl_world4):
     summary = xorl_world4.summary
     ours = [c for c in xorl_world4.cases() if c["target"] != "xorl"]  # the real xorl runs where importable
-    assert summary["cases"] == len(xorl_world4.cases()) == 52 and len(ours) == 39
+    # 13 layouts x 4 targets, less the 6 the xorl target refuses (ep=1: xorl turns EP off; minimax_m3 hybrid:
+    # a layout xorl never builds)
+    assert summary["cases"] == len(xorl_world4.cases()) == 46 and len(ours) == 39
     assert sum(c["verdict"] == "FAIL" for c in ours) == 6 and summary["harness_errors"] == 0
     for case in ours:
         assert case["checks"]["truth"]["passed"]

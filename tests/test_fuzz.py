@@ -169,6 +169,18 @@ def test_fuzz_writes_one_json_record_per_target(tmp_path):
     assert bad.returncode == 2 and "--json" in bad.stderr and "no such directory" in bad.stderr
 
 
+def test_a_stateful_target_is_a_fail_with_its_record_and_the_next_target_is_fuzzed(tmp_path):
+    out = tmp_path / "fuzz.jsonl"
+    proc = run_cli(["fuzz", "--target", "tests/broken_targets.py:reports_the_previous_norm,reference",
+                    "--examples", "30", "--world", "2", "--seed", "0", "--json", str(out)])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    stateful, survived = [json.loads(line) for line in out.read_text().splitlines()]
+    assert not stateful["passed"] and stateful["failed_at"] is not None and stateful["crash"] is None
+    assert "keeps state between calls" in stateful["flaky"] and "keeps state between calls" in proc.stdout
+    assert stateful["result"]["verdict"] == "FAIL" and not stateful["result"]["checks"]["norm"]["passed"]
+    assert survived["target"] == "reference" and survived["passed"] and survived["examples"] == 30
+
+
 def test_a_bad_blob_is_a_clean_error():
     proc = run_cli(["--replay", "cc1.not-a-blob"])
     assert proc.returncode == 2 and "not a replay blob" in proc.stderr and "Traceback" not in proc.stderr

@@ -37,6 +37,11 @@ def test_one_measurement_per_variant_and_norm_type_and_stale_gradients_are_flagg
     assert calls["replication"] == len(variants) and calls["stats"] == len(variants) * len(norms)
     assert calls["for replication"] == len(variants)  # the digests are taken once per variant
     assert len(cases) > calls["stats"]  # two targets x two bounds share each measurement
+    other_nan = grads["w"].clone()
+    other_nan.view(torch.int32)[1] ^= -2**31  # the NaN's sign bit: what a framework's reduction may deliver
+    assert not same_bits({"w": other_nan}, {"w": grads["w"]})
+    _, _, stale = cache.measure(cases[-1], {"w": other_nan, "b": None}, stats, replication)
+    assert not stale  # the same gradient: NaNs compare as NaNs
     _, _, stale = cache.measure(cases[-1], {"w": torch.tensor([1.0, 2.0]), "b": None}, stats, replication)
     assert stale
 

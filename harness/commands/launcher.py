@@ -180,8 +180,7 @@ def worker_args(args: argparse.Namespace, spec_path: str, jsonl: str, start_at: 
     out += ["--matrix", spec_path]
     if args.verbose:
         out.append("--verbose")
-    if args.blame:
-        out.append("--blame")
+    out += ["--blame", args.blame]
     if args.progress is not None:
         out.append("--progress" if args.progress else "--no-progress")
     return out

@@ -152,7 +152,7 @@ class _Interrupt:
 
 def launch_flags(args: argparse.Namespace) -> list[str]:
     """The matrix's flags that each ``clipcheck run`` launch takes as they are."""
-    return ["--timeout", str(args.timeout)] + (["--blame"] if args.blame else []) + (
+    return ["--timeout", str(args.timeout), "--blame", args.blame] + (
         ["--spawn-ranks"] if args.spawn_ranks else [])
 
 

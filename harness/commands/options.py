@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from harness.report.safe_text import one_line
+from harness.judge.blame import BLAME_MODES
 from harness.spec.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
 
 
@@ -17,9 +18,11 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
     add_axis_flags(p)
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a collective may block before the case fails (default 60)")
-    p.add_argument("--blame", action="store_true",
-                   help="for each case with a wrong norm, re-run the target one parameter group at a time and "
-                        "print the weight it gives each (costs one run per group of each failing case)")
+    p.add_argument("--blame", nargs="?", choices=BLAME_MODES, const="all", default="auto",
+                   help="for a case with a wrong norm, re-run the target one parameter group at a time and print "
+                        "the weight it gives each: auto (the default) weighs each layout, target, norm and dtype "
+                        "once and reuses it for the same failing norm under another bound; --blame (all) weighs "
+                        "every failing case afresh; --blame off never (costs one run per parameter group)")
 
 
 def add_spawn_ranks_option(p: argparse.ArgumentParser) -> None:

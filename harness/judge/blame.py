@@ -20,11 +20,20 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from harness.spec.case import CaseSpec
+from harness.spec.case import CaseSpec, bound_label
 
 
 if TYPE_CHECKING:
     from harness.judge.checks import CaseResult
+
+BlameKey = tuple[str, str, str, str, str, float, str]
+
+NO_GRADIENT = "no gradient on this layout"
+
+BLAME_MODES = ("auto", "all", "off")
+"""When to weigh the groups of a case whose norm is wrong: ``auto`` once per (scenario, layout, target,
+norm, dtype) in a launch, reused for the same failing norm under another bound; ``all`` every failing
+case afresh; ``off`` never."""
 
 ADDITIVE_RTOL = 1e-3
 """How far the full case's reported norm^p may be from the sum of the groups' before the clip is
@@ -51,11 +60,16 @@ def group_name(param: str) -> str:
     return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)", "*", param)
 
 
-def parameter_groups(names: Sequence[str]) -> dict[str, list[str]]:
-    """Parameters grouped by name with their indices as ``*``, in first-seen order."""
+def parameter_groups(names: Sequence[str],
+                     present: Mapping[str, frozenset[int] | None] | None = None) -> dict[str, list[str]]:
+    """Parameters grouped by name with their indices as ``*``, in first-seen order; with ``present``
+    (each parameter's ranks, None for all), parameters held by different ranks stay apart, so that a
+    pipeline stage a clip drops is one group of its own (``layers.* (ranks 2, 3)``)."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        groups.setdefault(group_name(name), []).append(name)
+        ranks = (present or {}).get(name)
+        where = "" if ranks is None else f" (ranks {', '.join(map(str, sorted(ranks)))})"
+        groups.setdefault(group_name(name) + where, []).append(name)
     return groups
 
 
@@ -96,7 +110,7 @@ def weigh(group: str, params: Sequence[str], sub: CaseResult, norm_type: float,
     reported = sub.reported[rank] if len(sub.reported) > rank else None
     contradiction = "; ".join(dict.fromkeys(k for p in params for k in mismatches.get(p, ())))
     if sub.truth == 0:
-        return GroupWeight(group, len(params), None, "no gradient on this layout")
+        return GroupWeight(group, len(params), None, NO_GRADIENT)
     if reported is None or not math.isfinite(reported):
         failed = ", ".join(c.name for c in sub.failed) or "no report"
         return GroupWeight(group, len(params), None, f"not attributable: its run gave no finite norm ({failed})")
@@ -119,10 +133,56 @@ def additivity_note(full: CaseResult, subs: Sequence[CaseResult], rank: int = 0)
             " the clip is not linear in them, each weight holds for its group alone")
 
 
+def blame_key(case: CaseSpec) -> BlameKey:
+    """What a weighing holds for: the same layout (drawn layouts may share a label: the layout and the
+    injection themselves are compared), target, norm type and dtype, under any bound."""
+    variant = case.variant
+    return (case.scenario, variant.label, repr(variant.layout), repr(variant.injection), case.target, case.norm_type,
+            case.injection.dtype)
+
+
+def reuse_blame(blamed: Mapping[BlameKey, "CaseResult"], result: "CaseResult") -> bool:
+    """Give ``result`` the weighing of an earlier case of this launch with the same ``blame_key``, when
+    the target reported exactly the same norms there (bit for bit: the clip's norm did not depend on
+    the bound, so neither do its groups' norms), saying which case it was weighed on; True when it
+    did. Bounds a launch's blame cost to one weighing per layout, target, norm and dtype."""
+    earlier = blamed.get(blame_key(result.case))
+    if earlier is None or [repr(v) for v in earlier.reported] != [repr(v) for v in result.reported]:
+        return False
+    result.blame, result.blame_rank = list(earlier.blame), earlier.blame_rank
+    weighed = f"weighed on case {earlier.case.index} (bound {bound_label(earlier.case.clip_ratio, earlier.case.max_norm)}), " \
+              "which reported the same norms"
+    result.blame_note = f"{earlier.blame_note}; {weighed}" if earlier.blame_note else weighed
+    result.signature = [line for line in result.signature if line in earlier.signature]
+    return True
+
+
 def blame_tolerance(norm_tolerance: float) -> float:
     """How close a weight must be to 1 (or 1/k, k) to be read as exact, given the case's norm
     tolerance: a norm^2 carries twice the norm's relative error, and the group's true norm its own."""
     return 4 * norm_tolerance
+
+
+def blame_summary(result: CaseResult) -> str | None:
+    """The blame in one line, as the table prints it under every case whose norm is wrong: the
+    groups not counted once (the first two), how many were, and whether the weights add up."""
+    if not result.blame:
+        return None
+    tolerance = blame_tolerance(result.tolerance)
+    held = [g for g in result.blame if g.note != NO_GRADIENT]
+    off = sorted((g for g in held if g.weight is None or abs(g.weight - 1) > tolerance),
+                 key=lambda g: g.weight is None)  # the weighed ones first: they say what is wrong
+    parts = [g.line(tolerance) for g in off[:2]]
+    if len(off) > 2:
+        parts.append(f"+{len(off) - 2} more groups off")
+    once = len(held) - len(off)
+    if once:
+        parts.append(f"{once} other group{'s' if once > 1 else ''} counted once")
+    if result.blame_note.startswith("not additive"):
+        parts.append("not additive over the groups (each weight holds for its group alone)")
+    if result.blame_rank:
+        parts.append(f"as rank {result.blame_rank} reports it")
+    return "; ".join(parts)
 
 
 def blame_lines(result: CaseResult) -> list[str]:

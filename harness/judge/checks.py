@@ -34,7 +34,7 @@ from harness.spec.layout import MeshSpec, Replicate, Shard
 from harness.run.measure import Replication, StatsTable
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.records import Verdict
-from harness.judge.signatures import Evidence, explain
+from harness.judge.signatures import Evidence, explain, holds_on
 from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ class CaseResult:
     """The rank whose reports the blame weighs."""
     tolerance: float = 0.0
     """The relative tolerance its norm was judged with (``harness.judge.tolerance``): 0 when unjudged."""
+    evidence: Evidence | None = field(default=None, repr=False, compare=False)
+    """What the signature was read from, kept for a second reading once the blame is known."""
     """Why the weights do not add up to the full case, when they do not."""
 
     @property
@@ -449,9 +451,11 @@ CHECKS: tuple[CheckSpec, ...] = (
 own: when it fails the case is a harness ERROR, not a FAIL of the function under test."""
 
 
-def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[str]:
-    if norm is None or norm.passed:
-        return []
+def _evidence(j: Judgement, mismatches: list[str], norm: Check | None) -> Evidence | None:
+    """The norms other mistakes would have produced, for every judged case with a finite truth (a
+    passing case's evidence tests the hypotheses of a failing one: ``signatures.holds_on``)."""
+    if norm is None:
+        return None
     axes = [axis for axis in j.mesh.names if j.mesh.size(axis) > 1]
     if len(axes) < 2:  # one axis spans the world: its hypotheses are the rank-local ones below
         axes = []
@@ -465,7 +469,26 @@ def _signature(j: Judgement, mismatches: list[str], norm: Check | None) -> list[
         unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
     )
-    return explain([v for v in j.reported if v is not None], evidence, tolerance(j.dtype, j.elements))
+    return evidence
+
+
+def signature_of(result: CaseResult) -> list[str]:
+    """The mechanisms that explain ``result``'s wrong norm (``signatures.explain``)."""
+    norm = next((c for c in result.checks if c.name == "norm"), None)
+    if result.evidence is None or norm is None or norm.passed:
+        return []
+    return explain([v for v in result.reported if v is not None], result.evidence, result.tolerance)
+
+
+def surviving_signature(result: CaseResult, others: Sequence[CaseResult]) -> list[str]:
+    """``result``'s signature lines that also explain each of ``others`` (the one-group runs of its
+    blame): a mechanism that names the right number on one case by coincidence rarely does on all."""
+    kept = []
+    for line in result.signature:
+        if all(o.evidence is None or holds_on(line, [v for v in o.reported if v is not None], o.evidence, o.tolerance)
+               for o in others):
+            kept.append(line)
+    return kept
 
 
 def _median_coefficient(records: Sequence[Mapping[str, Any]]) -> float | None:
@@ -491,14 +514,14 @@ def evaluate(
     truth_ok = checks[0].passed  # CHECKS[0] is the harness's self-check and always applies
     verdict: Verdict = "ERROR" if not truth_ok else "PASS" if all(c.passed for c in checks) else "FAIL"
     coefficient = _median_coefficient(records) if j.finite_truth and not j.raised else None
-    return CaseResult(
+    result = CaseResult(
         case=case,
         verdict=verdict,
         truth=truth,
         measured_truth=measured,
         reported=j.reported,
         checks=checks,
-        signature=_signature(j, mismatches, norm),
+        signature=[],
         placements={name: pre.describe(name, case.layout.mesh) for name in stats.names},
         mismatches=mismatches,
         param_mismatches=per_param,
@@ -506,7 +529,10 @@ def evaluate(
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,
         tolerance=tolerance(j.dtype, j.elements),
+        evidence=_evidence(j, mismatches, norm),
     )
+    result.signature = signature_of(result)
+    return result
 
 
 def skipped_result(case: CaseSpec) -> CaseResult:

@@ -135,6 +135,8 @@ class FuzzRecord(TypedDict):
     failed_at: int | None
     shrink_steps: int
     crash: str | None
+    flaky: str | None
+    """Set when the first failure did not come back on replay (a stateful or timing-dependent target)."""
     minimal: list[str]
     """The minimal case in words (mesh, parameters, injection), as ``clipcheck fuzz`` prints it."""
     result: CaseRecord | None

@@ -77,12 +77,45 @@ def _mismatch(reported: Sequence[float], candidate: Sequence[float]) -> float:
     return worst
 
 
+def candidates(evidence: Evidence, n: int) -> list[tuple[str, list[float]]]:
+    """Every mechanism the evidence can price, with what each of ``n`` ranks would report under it."""
+    local = list(evidence.local_norms)
+    p = evidence.norm_type
+    out: list[tuple[str, list[float]]] = []
+    if evidence.declared_mismatches:
+        mismatch = "; ".join(evidence.declared_mismatches[:3])
+        more = len(evidence.declared_mismatches) - 3
+        tail = f" (+{more} more)" if more > 0 else ""
+        out.append((f"equals the norm implied by the declared placements, which are wrong: {mismatch}{tail}",
+                    [evidence.declared_norm] * n))
+    if len(local) == n and n > 1:
+        out.append(("each rank reports its rank-local norm: no cross-rank reduction", local))
+        out.append(("equals the mean of the rank-local norms: a root taken before the cross-rank average",
+                    [sum(local) / n] * n))
+        out.append(("equals the largest rank-local norm: partial norms merged with MAX", [max(local)] * n))
+        if not is_inf_norm(p):
+            every = sum(x**p for x in local) ** (1.0 / p)
+            out.append(("equals the norm with every replica counted: no de-duplication of replicas", [every] * n))
+    for axis, values in evidence.unreduced.items():
+        if len(values) == n:
+            out.append((f"each {axis} coordinate reports its own norm: no reduction over {axis}", list(values)))
+            out.append((f"equals the largest norm of one {axis} coordinate: norms merged with MAX over {axis}",
+                        [max(values)] * n))
+    for axis, value in evidence.replicas_counted.items():
+        out.append((f"equals the norm with copies along {axis} counted as distinct: {axis} replicas summed",
+                    [value] * n))
+    return out
+
+
 def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[str]:
     """The replica-factor reading of the ratio, plus the hypotheses that best match the reports.
 
     Several hypotheses can fall inside the tolerance by coincidence (the mean of nearly equal local
     norms is close to their root-mean-square), so only the closest ones are kept: those within 10x
-    of the best match's distance.
+    of the best match's distance. Two mechanisms can also give the very same number on one case (a
+    clip that drops every later pipeline stage reports the largest stage norm whenever stage 0 is
+    the largest): ``holds_on`` tries a hypothesis on other cases of the same layout (the blame's
+    one-group runs) and the blame keeps only those that explain every one.
     """
     truth = evidence.truth
     if not reported or not math.isfinite(truth) or truth == 0:
@@ -91,37 +124,10 @@ def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[
     factor = replica_factor(reported[0] / truth, evidence, rtol)
     if factor:
         found.append(factor)
-
     n = len(reported)
-    local = list(evidence.local_norms)
-    p = evidence.norm_type
-    candidates: list[tuple[str, list[float]]] = []
-    if evidence.declared_mismatches:
-        mismatch = "; ".join(evidence.declared_mismatches[:3])
-        more = len(evidence.declared_mismatches) - 3
-        tail = f" (+{more} more)" if more > 0 else ""
-        candidates.append((f"equals the norm implied by the declared placements, which are wrong: {mismatch}{tail}",
-                           [evidence.declared_norm] * n))
-    if len(local) == n and n > 1:
-        candidates.append(("each rank reports its rank-local norm: no cross-rank reduction", local))
-        candidates.append(("equals the mean of the rank-local norms: a root taken before the cross-rank average",
-                           [sum(local) / n] * n))
-        candidates.append(("equals the largest rank-local norm: partial norms merged with MAX", [max(local)] * n))
-        if not is_inf_norm(p):
-            every = sum(x**p for x in local) ** (1.0 / p)
-            candidates.append(("equals the norm with every replica counted: no de-duplication of replicas",
-                               [every] * n))
-    for axis, values in evidence.unreduced.items():
-        if len(values) == n:
-            candidates.append((f"each {axis} coordinate reports its own norm: no reduction over {axis}", list(values)))
-            candidates.append((f"equals the largest norm of one {axis} coordinate: norms merged with MAX over {axis}",
-                               [max(values)] * n))
-    for axis, value in evidence.replicas_counted.items():
-        candidates.append((f"equals the norm with copies along {axis} counted as distinct: {axis} replicas summed",
-                           [value] * n))
     scored = [
         (_mismatch(reported, values), text)
-        for text, values in candidates
+        for text, values in candidates(evidence, n)
         if _mismatch([truth] * n, values) > rtol  # a hypothesis that equals the truth explains nothing
     ]
     scored = [(err, text) for err, text in scored if err <= rtol]
@@ -129,3 +135,14 @@ def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[
         best = min(err for err, _ in scored)
         found.extend(text for err, text in sorted(scored) if err <= max(10 * best, 1e-12))
     return found
+
+
+def holds_on(text: str, reported: Sequence[float], evidence: Evidence, rtol: float) -> bool:
+    """Whether the mechanism ``text`` names (a line of ``explain``) also prices ``reported`` on another
+    case of the same layout (a one-group run): the value it predicts there is what was reported, or,
+    where the clip was right there, the truth. A reading of the ratio (``replica_factor``), which no
+    other case needs to share, always holds; a case without a finite non-zero truth tests nothing."""
+    if not math.isfinite(evidence.truth) or evidence.truth == 0 or not reported:
+        return True
+    predicted = next((values for name, values in candidates(evidence, len(reported)) if name == text), None)
+    return predicted is None or _mismatch(reported, predicted) <= rtol  # nothing to test it with: no evidence against

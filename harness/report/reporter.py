@@ -17,7 +17,7 @@ import sys
 from typing import IO, Any, Iterable, Mapping
 
 from harness.spec.case import CaseSpec, bound_label
-from harness.judge.blame import blame_lines, blame_tolerance
+from harness.judge.blame import blame_lines, blame_summary, blame_tolerance
 from harness.judge.checks import CaseResult
 from harness.judge.tolerance import NORM_RTOL
 from harness.report.junit import write_junit
@@ -198,7 +198,10 @@ class Reporter:
             self._print(f"    skipped: {case.skip}")
         for line in result.signature:
             self._print(f"      signature: {line}")
-        for line in blame_lines(result):
+        summary = blame_summary(result)
+        if summary and not self.verbose:
+            self._print(f"      blame: {summary}")
+        for line in blame_lines(result) if self.verbose else ():
             self._print(f"      blame: {line}")
         record = case_json(result, self.world_size, self.backend, self.targets.get(case.target))
         for line in finding_lines(record):

@@ -73,7 +73,9 @@ def fingerprint(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
         grad = params[name].grad if name in params else None
         out[f"gradient {name}"] = "none" if grad is None else bits_digest(local_tensor(grad))
     for name, p in params.items():
-        out[f"parameter {name}"] = bits_digest(local_tensor(p.detach()))
+        # the local tensor, never an op on the DTensor: after a failed case the groups it was made with are
+        # gone, and a DTensor op would cache a plan naming them for the next case's DTensors
+        out[f"parameter {name}"] = bits_digest(local_tensor(p))
     state = ModelState.of(model)
     out.update({f"flag {n}": str(v) for n, v in state.requires_grad.items()})
     out.update({f"wrapper {n}": v for n, v in state.wrappers.items()})

@@ -93,7 +93,7 @@ class Executor:
     """Runs a plan's cases from ``start_at`` on, in order, on this rank."""
 
     def __init__(self, world: DistWorld, plan: Plan, reporter: Reporter | None, progress: Progress,
-                 start_at: int = 0, blame: bool = False) -> None:
+                 start_at: int = 0, blame: bool | str = "auto") -> None:
         self.world = world
         self.blame = blame
         self.plan = plan

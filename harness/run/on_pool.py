@@ -12,10 +12,16 @@ from harness.spec.scenario import Scenario
 from harness.targets.target import resolve_target
 
 
-def run_case_task(case: CaseSpec, scenario: Scenario, blame: bool = False) -> CaseResult | None:
+def run_case_task(case: CaseSpec, scenario: Scenario, blame: bool | str = False) -> CaseResult | None:
     """Runs on every rank of the pool; rank 0 returns the judged result."""
     target = resolve_target(case.target, registered_targets([scenario]))
     return run_case_with_blame(current_world(), case, scenario, target, blame)
+
+
+def forget_blame() -> None:
+    """Runs on every rank of the pool: a new plan starts, so no weighing of an earlier one is reused
+    (a warm world outlives plans, and the same target name may now be another function)."""
+    current_world().blamed.clear()
 
 
 def _last_line(result: RankResult) -> str:
@@ -23,7 +29,7 @@ def _last_line(result: RankResult) -> str:
     return lines[-1] if lines else result.status
 
 
-def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario, blame: bool = False) -> CaseResult:
+def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario, blame: bool | str = False) -> CaseResult:
     """The judged case; a case the pool could not judge (a rank hung, died, or the harness itself
     raised on a rank) is an ERROR result naming the ranks and why (the pool restarts itself)."""
     results = pool.run(run_case_task, case, scenario, blame)

@@ -4,7 +4,9 @@ The plan keeps every target, norm type and bound of a layout variant together, a
 cases starts from the same injected gradients, so the pre-call measurement (a stats round, with the
 digests on gloo; a MAX per mesh axis and a merge on nccl) would repeat the same exchanges on the
 same bits. It is reused when this rank's freshly injected gradients are bit-identical to the ones it
-measured.
+measured, NaNs compared as NaNs (a target's ``backward`` may deliver a NaN with another payload than
+the injection's, through the framework's reduction: the next target's injected copy is the same
+gradient).
 
 Every rank must run the same collectives, so whether to reuse depends only on what every rank
 knows alike (the case's variant and norm type, in the same order of cases), never on local data: a
@@ -20,6 +22,7 @@ from typing import Callable, Mapping
 import torch
 
 from harness.spec.case import CaseSpec
+from harness.run.effects import canonical_nans
 from harness.run.measure import Replication, StatsTable
 
 Grads = Mapping[str, "torch.Tensor | None"]
@@ -77,7 +80,8 @@ class TruthCache:
             return stats, replication, False
         if case.norm_type not in last.stats:
             last.stats[case.norm_type] = measure_stats(False)
-        return last.stats[case.norm_type], last.replication, not same_bits(pre, last.grads)
+        return last.stats[case.norm_type], last.replication, not same_bits(canonical_nans(pre),
+                                                                            canonical_nans(last.grads))
 
     def clear(self) -> None:
         self._last = None

@@ -33,6 +33,8 @@ from harness.run.devices import nccl_error_environment
 from harness.spec.layout import MeshSpec
 from harness.run.release import release_peers
 from harness.run.aftermath import LateWatch
+from harness.judge.blame import BlameKey
+from harness.judge.checks import CaseResult
 from harness.run.truth_cache import TruthCache
 
 
@@ -142,6 +144,7 @@ class DistWorld:
         self._exchanges = 0
         self.truth_cache = TruthCache()
         self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
+        self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None

@@ -113,6 +113,7 @@ def encode(drawn: DrawnCase, target: str) -> str:
         ],
         "declared": {n: {d: _placement(p) for d, p in axes.items()} for n, axes in variant.declared.items()},
         "dtensor": variant.dtensor,
+        "plain": sorted(variant.plain),
         "injection": {
             "seed": injection.seed, "dtype": injection.dtype, "scale": injection.scale,
             "zero": sorted(injection.zero), "none_on": {n: sorted(r) for n, r in injection.none_on},
@@ -169,7 +170,8 @@ def _case(doc: dict[str, Any]) -> tuple[DrawnCase, str]:
                                                for d, p in _dict(axes, "a declared placement").items()}
                 for n, axes in _dict(doc["declared"], "declared").items()}
     variant = Variant(_name(doc["label"], "label"), Layout(mesh, params), injection, declared,
-                      dtensor=_bool(doc.get("dtensor", False), "dtensor"))
+                      dtensor=_bool(doc.get("dtensor", False), "dtensor"),
+                      plain=frozenset(_list(doc.get("plain", []), "plain", lambda n: _name(n, "a parameter name"))))
     max_norm = doc["max_norm"]
     if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not (
             math.isfinite(max_norm) and max_norm > 0):

@@ -34,6 +34,10 @@ class Variant:
     layout (how to wrap the model, which marks or meshes to use): a typed object defined in the
     framework's own folder, read back with ``info_as`` (never shared string keys).
 
+    ``dtensor``: the parameters are DTensors placed as declared, except those named in ``plain``, which
+    stay plain tensors: a model whose TP plan leaves some modules unplanned (transformers, accelerate)
+    holds both kinds at once, and a clip must count both.
+
     ``synthetic``: why no known path of the scenario's framework reaches this layout (its trainer's
     hooks make these gradients replicas, say), or None for a layout its users meet. A synthetic layout
     is a regression layout: the harness's own targets run it, a framework's adapter only on request
@@ -52,6 +56,7 @@ class Variant:
     declared: DeclaredPlan
     invariance_key: str | None = None
     dtensor: bool = False
+    plain: frozenset[str] = frozenset()
     ep_size: int | None = None
     info: Any = None
     synthetic: str | None = None
@@ -70,8 +75,13 @@ class Variant:
         unknown = sorted(set(self.declared) - {s.name for s in self.layout})
         if unknown:
             raise LayoutError(f"variant {self.label!r}: declared plan names unknown parameters {unknown}")
+        object.__setattr__(self, "plain", frozenset(self.plain))
+        unknown_plain = sorted(self.plain - {s.name for s in self.layout})
+        if unknown_plain or (self.plain and not self.dtensor):
+            raise LayoutError(f"variant {self.label!r}: plain parameters {sorted(self.plain)} need a DTensor variant "
+                              f"naming its own parameters (unknown: {unknown_plain})")
         if self.dtensor:
-            partial = [s.name for s in self.layout if s.present_ranks is not None]
+            partial = [s.name for s in self.layout if s.present_ranks is not None and s.name not in self.plain]
             if partial:
                 raise LayoutError(
                     f"variant {self.label!r}: DTensor parameters must exist on every rank, "

@@ -74,16 +74,18 @@ def build_model(
     *,
     mesh: DeviceMesh | None = None,
     dtensor_placements: Mapping[str, Mapping[str, Placement]] | None = None,
+    plain: frozenset[str] = frozenset(),
 ) -> nn.Module:
     """The rank-local model. With ``dtensor_placements``, parameters are DTensors on ``mesh`` with
-    those (declared) placements; otherwise plain tensors. Absent parameters are simply not there."""
+    those (declared) placements, except the ones in ``plain``; otherwise plain tensors. Absent
+    parameters are simply not there."""
     root = nn.Module()
     for spec in layout:
         box = layout.local_box(spec, rank)
         if box is None:
             continue
         data = parameter_values(tuple(b - a for a, b in box), injection.torch_dtype, device)
-        if dtensor_placements is not None:
+        if dtensor_placements is not None and spec.name not in plain:
             assert mesh is not None
             placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)
             data = DTensor.from_local(data, mesh, placements, run_check=False)

@@ -52,6 +52,7 @@ class Scenario(ABC):
             device,
             mesh=mesh,
             dtensor_placements=variant.declared if variant.dtensor else None,
+            plain=variant.plain,
         )
 
     def dress(self, model: nn.Module, variant: Variant) -> None:

@@ -210,8 +210,9 @@ def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) 
 
 TORCH_MAX_DROPS_NAN = (
     "torch reduces the inf norm of sharded DTensor gradients (a Partial(max) DTensor) with a bare float "
-    "all_reduce(MAX), which drops a NaN: gloo keeps it only where rank 0 holds it, NCCL's MAX (fmaxf) drops "
-    "it on every rank, rank 0 included; a finite norm is reported and the NaN stays in the gradients")
+    "all_reduce(MAX), which drops a NaN: gloo keeps it only where rank 0 holds it (measured on CPU), NCCL's "
+    "float MAX is fmaxf, which drops it wherever it is, rank 0 included (NCCL's source, not measured here); "
+    "every rank reports the same finite norm and the NaN stays in the gradients")
 """The mechanism, in torch: every clip that takes the inf norm of sharded DTensor gradients inherits it."""
 
 
@@ -219,10 +220,24 @@ def torch_max_drops_nan(layouts: str) -> Finding:
     """The one torch finding the frameworks that call ``clip_grad_norm_`` on DTensors inherit, filed
     under torch (``owner``) rather than once per framework."""
     return Finding(layouts, None, TORCH_MAX_DROPS_NAN,
-                   direct_call("clip_grad_norm_(..., norm_type=inf) (torch's, or a framework's that calls it) on "
-                               "sharded DTensor gradients holding a NaN on a rank other than 0 (gloo; every "
-                               "rank on NCCL)"),
+                   direct_call("torch.nn.utils.clip_grad_norm_(..., norm_type=inf), or a framework's clip that "
+                               "calls it, on sharded DTensor gradients (FSDP2, DTensor TP) holding a NaN on a rank "
+                               "other than 0 (gloo; any rank on NCCL)"),
                    norms=("Linf",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_inf_norm_drops_nan.py")
+
+
+TORCH_NORM_PARTIAL_DTYPE = (
+    "torch's DTensor norm reduction (_NormPartial) raises each shard's norm to the power p in the gradient "
+    "dtype before summing: with fp16 gradients a shard norm above sqrt(65504) = 256 squares to inf (a finite "
+    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%)")
+
+
+def torch_norm_partial_fp16(layouts: str) -> Finding:
+    """torch's fp16 overflow/underflow in the sharded-DTensor norm, on the layouts at those magnitudes."""
+    return Finding(layouts, None, TORCH_NORM_PARTIAL_DTYPE,
+                   direct_call("clip_grad_norm_ / get_total_norm on sharded fp16 DTensor gradients (a model "
+                               "fully_shard-ed with fp16 parameters, no fp32 gradient dtype)"),
+                   norms=("L2",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
 
 
 BUILTIN_TARGETS: dict[str, Target] = {
@@ -234,11 +249,14 @@ BUILTIN_TARGETS: dict[str, Target] = {
                "torch.nn.utils.clip_grad_norm_ on rank-local grads (no cross-rank reduction)",
                findings=(Finding("*", "by design, not a torch bug", "clip_grad_norm_ on plain tensors is rank-local: "
                                  "the naive control every sharded layout fails",
-                                 direct_call("torch.nn.utils.clip_grad_norm_ on the rank-local gradients of a "
-                                             "sharded model")),)),
+                                 direct_call("a loop calling torch.nn.utils.clip_grad_norm_ on the rank-local "
+                                             "(plain) gradients of a sharded model, or reading the local part of "
+                                             "a DTensor norm (pytorch/pytorch #170862, modelscope/ms-swift PR "
+                                             "#8341)")),)),
         Target("torch-dtensor", torch_dtensor,
                "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
-               findings=(torch_max_drops_nan("*nan on last rank*"),)),
+               findings=(torch_max_drops_nan("*nan on last rank*"), torch_norm_partial_fp16("*loss-scaled*"),
+                         torch_norm_partial_fp16("*tiny*"))),
     )
 }
 

@@ -7,11 +7,25 @@ Setup per case (``dress``), as a training script does it:
   ``accelerate`` target a ``FullyShardedDataParallelPlugin(fsdp_version=2)``;
 * tensor-parallel parameters become DTensors on accelerate's ``tp`` mesh, as transformers'
   ``from_pretrained(tp_plan=...)`` leaves them (``Shard(0)`` column-parallel, ``Shard(1)``
-  row-parallel, ``Replicate()``), or plain local shards for a ``use_dtensor=False`` style; the model
+  row-parallel, ``Replicate()``), or plain local shards for a ``use_dtensor=False`` style (transformers
+  4.x's ``grouped_gemm`` / ``local_*``, every style of transformers 5.5 to 5.14); the model
   records ``tp_size`` as transformers does (accelerate checks it in ``prepare``);
 * ``accelerator.prepare(model, optimizer)``: for FSDP2 this is accelerate's own ``fsdp2_prepare_model``
   (``fully_shard`` on ``mesh[fsdp_dim_names]``). FSDP shards what it is given, so each FSDP-sharded
   parameter is first recreated at its size before FSDP (dim 0 times ``dp_shard``).
+
+Gradients (``backward``): accelerate acts on them between the backward and the clip where FSDP2
+holds the model: its post-backward reduce-scatter over ``fsdp_dim_names`` (divided by the
+data-parallel size; HSDP all-reduces over ``dp_replicate`` too). So they come through accelerate's own
+path, for both targets: one forward of the prepared model (a loss linear in the parameters,
+``harness.targets.gradient_path``, through every FSDP module's hooks) and ``accelerator.backward(loss)``
+(what a training script calls), with ``reduced_to`` directions that FSDP2's reduction turns into
+exactly the layout's shards; the runner checks bit for bit what arrived. TP without FSDP: accelerate
+does nothing to gradients (``prepare`` only checks ``model.tp_size``; no DDP wrapper under a
+``ParallelismConfig`` with tp), and the same backward gives each DTensor parameter its gradient with
+its own placements, each plain one its own tensor. Modules other than FSDP modules are not called
+(their parameters are read by the enclosing FSDP module or the root): the TP hooks transformers
+installs on them redistribute activations and touch no gradient.
 
 The clip is ``accelerator.clip_grad_norm_(model.parameters(), max_norm, norm_type)``, unmodified; for
 FSDP2 it takes its FSDP branch (the parameters are the prepared model's), for TP the generic one; both
@@ -32,10 +46,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
@@ -43,10 +58,11 @@ from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
 from harness.spec.model import parameter_values
+from harness.targets.gradient_path import install_linear_forwards, reduced_to
 from harness.targets.target import Finding, Target, stock, torch_max_drops_nan
 
 from .framework import FRAMEWORK as ACCELERATE
-from .scenario import COLWISE, LOCAL, REPLICATE, ROWWISE, AccelerateSetup
+from .scenario import COLWISE, LOCAL, LOCAL_ROWWISE, REPLICATE, ROWWISE, AccelerateSetup
 
 _KEY = "accelerator"
 
@@ -99,7 +115,7 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
             shape[0] *= setup.dp_shard  # FSDP shards dim 0 of what it is given
         data = parameter_values(tuple(shape), p.dtype, p.device) if setup.fsdp else p.detach()
         style = setup.tp_styles.get(name)
-        if style is not None and style != LOCAL:
+        if style is not None and style not in (LOCAL, LOCAL_ROWWISE):
             data = DTensor.from_local(data, mesh[MeshAxis.TP], (_tp_placement(style),), run_check=False)
         owner.register_parameter(leaf, nn.Parameter(data, requires_grad=p.requires_grad))
     if setup.tp > 1:
@@ -108,6 +124,37 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
     prepared, _ = accelerator.prepare(model, optimizer)
     assert prepared is model, "accelerate prepared a new module; the harness clips the one it built"
     ctx.extras[_KEY] = accelerator
+
+
+def backward(model: nn.Module, ctx: CaseContext, grads: Mapping[str, torch.Tensor | None]) -> None:
+    """The layout's gradients through accelerate's own path: one forward of the prepared model (a loss
+    linear in the parameters, ``harness.targets.gradient_path``) and ``accelerator.backward(loss)``.
+
+    FSDP2: the forward runs through every FSDP module's hooks (all-gather, post-backward), and each
+    rank contributes ``reduced_to`` directions so that FSDP2's reduce-scatter over accelerate's
+    ``fsdp_dim_names`` (sum, divided by the data-parallel size; HSDP's all-reduce over
+    ``dp_replicate``) leaves exactly the layout's shard on every rank. TP: a DTensor parameter is
+    differentiated through its local tensor (its gradient is a DTensor with the parameter's placements,
+    as torch's TP backward leaves it), a plain one directly. Modules that are not FSDP modules are not
+    called (their parameters are read by the nearest FSDP module, or the root): transformers' TP
+    hooks on them redistribute activations and touch no gradient."""
+    setup = ctx.case.variant.info_as(AccelerateSetup)
+    accelerator = ctx.extras[_KEY]
+    fsdp_axes = set(accelerator.parallelism_config.fsdp_dim_names) if setup.fsdp else set()
+    factor = setup.dp_replicate * setup.dp_shard
+    directions: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        target = grads.get(name)
+        if target is None:
+            continue
+        if setup.fsdp:
+            assert isinstance(p, DTensor), f"{name}: FSDP2 left it a plain tensor"
+            kept = tuple(axis for axis in p.device_mesh.mesh_dim_names or () if axis not in fsdp_axes)  # TP
+            directions[name] = reduced_to(p, target, factor, kept_axes=kept)
+        else:
+            directions[name] = target
+    install_linear_forwards(model, directions, runs=lambda module: isinstance(module, FSDPModule))
+    accelerator.backward(model())
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> Any:
@@ -136,7 +183,7 @@ def _refuses_fsdp(variant: Variant) -> str | None:
         return "a TP-only layout: the accelerate-tp target clips it (accelerate is the FSDP2 call path)"
     major = transformers_major()
     if setup.tp > 1 and major is not None and major >= 5:
-        return ("FSDP2+TP: accelerate 1.15.0's prepare imports transformers.integrations.tensor_parallel."
+        return ("FSDP2+TP: accelerate's prepare (1.15.0, 1.16.0) imports transformers.integrations.tensor_parallel."
                 "ReplicateParallel, which transformers 5 removed (installed here for VeOmni and NeMo Automodel; "
                 "with transformers 4.57.6 this layout is exact)")
     return None
@@ -145,16 +192,38 @@ def _refuses_fsdp(variant: Variant) -> str | None:
 TARGETS = (
     Target("accelerate", clip, "accelerate Accelerator.clip_grad_norm_ on an FSDP2 (fsdp_version=2) prepared model",
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
-           refuses=_refuses_fsdp,
+           backward=backward, refuses=_refuses_fsdp,
            findings=(
                torch_max_drops_nan("*fsdp2 nan*"),)),
     Target("accelerate-tp", clip, "accelerate Accelerator.clip_grad_norm_ on a TP (DTensor + plain) model",
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
-           refuses=_refuses_tp,
+           backward=backward, refuses=_refuses_tp,
            findings=(
                Finding("*tp experts plain*", None,
-                       "accelerate 1.15.0's _clip_grad_norm_dtensor_aware (the PR #4219 fix) adds the plain-tensor group's norm rank-locally, right only while plain gradients are replicas; TP-sharded plain experts (transformers' grouped_gemm / local_* styles, the gpt-oss plan) make each rank clip by its own norm: report to huggingface/accelerate with: clipcheck run --nproc 4 --scenario accelerate_fsdp2 --target accelerate-tp --variant 'tp experts plain' --norm-type 2",
-                       stock("transformers 4.x tp_plan='auto' on a model whose TP plan shards plain experts "
-                             "(gpt-oss, dots.llm1: grouped_gemm / local_* styles), clipped by accelerate")),
+                       "accelerate's _clip_grad_norm_dtensor_aware (1.15.0 and 1.16.0; the PR #4219 fix) takes the "
+                       "plain-tensor group's norm rank-locally, right only while plain gradients are replicas; "
+                       "transformers 4.x leaves TP-sharded experts as plain local tensors (use_dtensor=False styles), "
+                       "so each rank clips by its own, too small norm and the ranks disagree. From 5.16 transformers "
+                       "makes every TP shard a DTensor: the pinned stack (transformers 5.18.0) never produces this "
+                       "layout. Report to huggingface/accelerate with the repro (run under transformers 4.x)",
+                       stock("transformers 4.x (4.57.6 checked) from_pretrained(tp_plan='auto') on dots.llm1 "
+                             "(local_colwise / local_rowwise experts; gpt-oss's grouped_gemm experts are the same "
+                             "layout, but with torch 2.13 its biased o_proj raises in the first training forward), "
+                             "trained with accelerate 1.15/1.16 ParallelismConfig(tp_size=N), accelerator.backward and "
+                             "accelerator.clip_grad_norm_ (as transformers' Trainer does for a TP model); not with "
+                             "transformers from 5.16 (5.16.1, 5.17.0, 5.18.0 checked)"),
+                       repro="scenarios/accelerate/repro_tp_plain_experts.py"),
+               Finding("*tp all plain*", None,
+                       "accelerate's clip_grad_norm_ on a TP model whose every shard is a plain local tensor: one "
+                       "group, torch.nn.utils.clip_grad_norm_ on the rank-local gradients, so each rank clips by "
+                       "the norm of its own shards and the ranks disagree; transformers 5.5 to 5.14 leave every TP "
+                       "shard plain (accelerate's prepare logs that it skips such a model's TP preparation). "
+                       "Report to huggingface/accelerate (and transformers) with the repro run under one of them",
+                       stock("transformers 5.5 to 5.14 (5.5.4, 5.10.4, 5.14.1 checked) from_pretrained(tp_plan='auto') "
+                             "on any model with a TP plan, trained with accelerate 1.15/1.16 "
+                             "ParallelismConfig(tp_size=N) and accelerator.clip_grad_norm_, as transformers' Trainer "
+                             "does for such a model (max_grad_norm=1.0 by default); not with 4.x (colwise/rowwise "
+                             "DTensors) nor from 5.16 (5.16.1, 5.17.0, 5.18.0 checked: DTensors)"),
+                       repro="scenarios/accelerate/repro_tp_plain_experts.py"),
                torch_max_drops_nan("*tp mixed plain/DTensor nan*"),)),
 )

@@ -1,5 +1,5 @@
-"""A small decoder layer laid out the ways accelerate 1.15 lays a model out (``ParallelismConfig`` with
-its canonical mesh ``(dp_replicate, dp_shard, tp)``), for ``Accelerator.clip_grad_norm_``.
+"""A small decoder layer laid out the ways accelerate 1.15/1.16 lays a model out (``ParallelismConfig``
+with its canonical mesh ``(dp_replicate, dp_shard, tp)``), for ``Accelerator.clip_grad_norm_``.
 
 accelerate's clip (``Accelerator._clip_grad_norm_dtensor_aware``, the fix of accelerate PR #4219 for
 the foreach crash on mixed plain/DTensor gradients) groups the gradients by DTensor mesh, plus one
@@ -21,11 +21,24 @@ group norms are combined. One group only: stock ``torch.nn.utils.clip_grad_norm_
     #36132) where a foreach norm over both kinds raised;
   * ``tp all DTensor``: norms and embedding ``Replicate`` DTensors on the tp mesh: one mesh, stock torch;
   * ``tp experts plain``: as ``mixed``, plus MoE experts split over the tp ranks (each rank its own
-    experts) and kept as *plain* local tensors, as transformers 4.57's ``grouped_gemm`` style
-    (``GroupedGemmParallel``, ``use_dtensor = False``) keeps them; gpt-oss's ``base_model_tp_plan``
-    is exactly this (q/k/v colwise, o_proj rowwise, experts ``grouped_gemm``, norms unplanned). The
-    plain group is then not replicated, and accelerate's rank-local plain norm misses the other
-    ranks' experts: each rank clips with its own, too small, norm.
+    experts) and kept as *plain* local tensors. Which stack produces it: transformers **4.x** only
+    (4.57.6 checked), whose ``use_dtensor=False`` styles keep TP shards plain: ``grouped_gemm``
+    (``GroupedGemmParallel``: gpt-oss's ``base_model_tp_plan``, q/k/v colwise, o_proj rowwise,
+    experts ``grouped_gemm``, norms unplanned: exactly this layout) and ``local_colwise`` /
+    ``local_rowwise`` (dots.llm1's experts: each rank a column/row slice of every expert, plain too).
+    transformers 5 (the pinned 5.18.0) rewrote its TP on DTensors: ``grouped_gemm`` is
+    ``MoEParamShard`` (a ``Shard(0)`` DTensor), experts under TP ``packed_colwise`` / ``rowwise``
+    DTensors, so with the pinned stack no user reaches this layout; users of transformers 4.x do
+    (stock: ``from_pretrained(tp_plan="auto")``, then accelerate; see
+    ``repro_tp_plain_experts.py``). The plain group is then not replicated, and accelerate's
+    rank-local plain norm misses the other ranks' experts: each rank clips with its own, too small,
+    norm.
+  * ``tp all plain``: every TP-sharded parameter a plain local shard (column-parallel dim 0,
+    row-parallel dim 1), norms and embedding plain replicas, no DTensor at all: what
+    ``from_pretrained(tp_plan="auto")`` leaves with transformers **5.5 to 5.14** (5.5.4, 5.10.4 and
+    5.14.1 checked; 5.16.1, 5.17.0 and the pinned 5.18.0 make DTensors again, 4.x makes DTensors of
+    colwise/rowwise) for any model with a TP plan. accelerate then has one (plain) group and calls
+    ``torch.nn.utils.clip_grad_norm_`` on rank-local gradients: each rank clips by its own shards.
 * ``... nan``: one NaN on the last rank only (its FSDP shard; a row-parallel DTensor; its plain experts),
   to see whether every rank learns of it.
 
@@ -46,9 +59,9 @@ from harness.spec.scenario import Scenario, ScenarioOptions
 
 ROWS_PER_RANK, COLS, EXPERTS_PER_RANK, EXPERT_ROWS = 4, 16, 2, 8
 
-COLWISE, ROWWISE, REPLICATE, LOCAL = "colwise", "rowwise", "replicate", "local"
+COLWISE, ROWWISE, REPLICATE, LOCAL, LOCAL_ROWWISE = "colwise", "rowwise", "replicate", "local", "local_rowwise"
 """Tensor-parallel styles: a DTensor ``Shard(0)`` / ``Shard(1)`` / ``Replicate()`` on the tp mesh, or
-a plain tensor holding this rank's shard of dim 0 (``use_dtensor=False``)."""
+a plain tensor holding this rank's shard of dim 0 / dim 1 (``use_dtensor=False``)."""
 
 EMBED = "embed_tokens.weight"
 Q_PROJ = "layers.0.self_attn.q_proj.weight"
@@ -80,7 +93,7 @@ def _dense(world_size: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
 def _tp_placement(style: str | None) -> Placement:
     if style == COLWISE or style == LOCAL:
         return Shard(0)
-    if style == ROWWISE:
+    if style == ROWWISE or style == LOCAL_ROWWISE:
         return Shard(1)
     return Replicate()
 
@@ -137,6 +150,9 @@ class AccelerateParallelism(Scenario):
             add("tp all DTensor", tp, AccelerateSetup(False, 1, 1, n, replicated), "accelerate-dense")
             add("tp experts plain", tp, AccelerateSetup(False, 1, 1, n, {**tp_plan, EXPERTS: LOCAL}),
                 "accelerate-experts", experts=True)
+            # every TP shard plain (transformers 5.5-5.14); no invariance key: its clip is known to differ
+            add("tp all plain", tp, AccelerateSetup(False, 1, 1, n, {Q_PROJ: LOCAL, O_PROJ: LOCAL_ROWWISE,
+                                                                        DOWN_PROJ: LOCAL_ROWWISE}), None)
             # a NaN on the last tp rank only: in a row-parallel DTensor (last column), or in its plain experts
             add("tp mixed plain/DTensor nan", tp, AccelerateSetup(False, 1, 1, n, tp_plan), None,
                 nan_at=(DOWN_PROJ, COLS - 1))

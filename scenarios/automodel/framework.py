@@ -12,8 +12,14 @@ from harness.targets.frameworks import Framework
 
 _DEPS = ("pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 " + HF_STACK)
 
+
+RELEASES = ("0.6.0", "0.7.0")
+"""The releases the adapter runs on, oldest first: 0.7.0 is the pin (and the newest); 0.6.0, installed
+into a scratch venv (``pip install --no-deps nemo-automodel==0.6.0`` over this one), predates PR
+#3817 and reproduces #3816 on its stock TE experts."""
+
 FRAMEWORK = Framework(
     "nemo-automodel", "nemo_automodel.components.training.utils", "nemo-automodel",
     f"pip install --no-deps nemo-automodel==0.7.0 && pip install --no-deps {_DEPS}",
     recipe=("pip install --no-deps nemo-automodel==0.7.0", f"pip install --no-deps {_DEPS}"),
-)
+    releases=RELEASES)

@@ -1,25 +1,32 @@
-"""A NeMo Automodel MoE block as its FSDP2 recipe lays it out: dense parameters FSDP2-sharded over
+"""A NeMo Automodel MoE block as its MoE parallelizer lays it out: dense parameters FSDP2-sharded over
 ``dp_shard_cp`` (every rank here), experts on Automodel's ``moe_mesh`` = ``(ep_shard, ep)``.
 
 Automodel's ``scale_grads_and_clip_grad_norm`` groups parameters by (DTensor mesh, placements),
 reduces each group over its mesh's sharded dims, and, since 0.7.0 (the fix of NVIDIA-NeMo/Automodel
-#3816, PR #3817), reduces the parameters of modules stamped ``_nemo_ep_local_expert_params`` over the
-EP axis as well. Layouts (``Variant.info`` is an ``AutomodelSetup``):
+#3816, PR #3817), reduces the parameters of modules stamped ``_nemo_ep_local_expert_params`` (what
+``GroupedExpertsTE.__init__`` stamps) over the EP axis as well. The block's ``mlp`` is Automodel's own
+``MoE`` (its ``Gate`` and the experts class its ``BackendConfig`` picks), so the parameter names and
+shapes are Automodel's. Layouts (``Variant.info`` is an ``AutomodelSetup``):
 
 * ``dense fsdp`` (ep=1, no ``moe_mesh``, as Automodel builds none for ep_size 1): every parameter,
-  the experts included, sharded on dim 0 by FSDP2 over ``dp_shard_cp``. The control.
-* ``te experts`` (ep > 1): TE grouped experts (``GroupedExpertsTE``) hold only this EP rank's
-  experts as plain tensors (ep_shard 1), or as DTensors on the ``ep_shard`` sub-mesh alone, sharded on
-  dim 1 (ep_shard > 1): no mesh dim of theirs says that they differ per EP rank; the module's marker
-  does. This is the #3816 layout; 0.7.0 must get it right.
-* ``te experts unmarked`` (ep > 1): the same tensors without the marker, i.e. what the clip saw before
-  #3817 (and what any expert backend that builds rank-local parameters without stamping the marker
-  still gives it): the expert part is never reduced over ``ep``, every EP group clips with its own
-  norm (#3816: rank-dependent norm, replicas of the dense shards clipped differently).
-* ``torch experts`` (ep > 1): ``GroupedExperts`` parallelized by Automodel's ``ExpertParallel`` (a
-  DTensor ``Shard(0)`` on ``ep``), then FSDP2 on ``ep_shard`` (dim 1) when ep_shard > 1: the mesh
-  carries the EP axis, so the per-dim reductions alone are right.
+  the torch experts included, sharded on dim 0 by FSDP2 over ``dp_shard_cp``. The control.
+* ``torch experts`` (ep > 1): ``GroupedExperts`` (``experts="torch"``, the default backend):
+  ``gate_and_up_projs`` / ``down_projs`` parallelized by Automodel's ``ExpertParallel`` (a DTensor
+  ``Shard(0)`` on ``ep``), then FSDP2 on ``ep_shard`` (dim 1) when ep_shard > 1: the mesh carries
+  the EP axis, so the per-dim reductions alone are right.
+* ``te experts`` (ep > 1): ``GroupedExpertsTE`` (``experts="te", dispatcher="deepep"``): one
+  parameter per local expert (``gate_up_linear.weight{j}``, ``down_linear.weight{j}``, TE's
+  ``GroupedLinear`` layout), plain tensors (ep_shard 1) or DTensors on the ``ep_shard`` sub-mesh alone,
+  sharded on dim 1 (ep_shard > 1): no mesh dim of theirs says that they differ per EP rank; the
+  module's marker does. This is the #3816 layout: 0.7.0 must get it right, 0.6.0 (no marker, no EP
+  reduction) reports ``sqrt(dense^2 + own experts^2)`` per EP coordinate.
+* ``te experts unmarked`` (ep > 1, **synthetic**): the same module with the marker taken off after
+  Automodel stamped it: what the clip saw before #3817. No configuration of 0.7.0 builds it (every
+  ``GroupedExpertsTE`` stamps the marker in ``__init__``, and every other experts class goes through
+  ``ExpertParallel``); kept as the regression layout of #3816.
 
+Expert ``j`` of EP rank ``r`` is expert ``r * E/ep + j``: the layout names ``weight{j}`` as one
+tensor of ``ep`` rows of blocks sharded over ``ep`` on dim 0, which gives every rank its own.
 The harness mesh mirrors Automodel's ``moe_mesh``: ``(ep_fsdp, ep)`` in that order (Automodel's
 ``ep_shard`` is named ``ep_fsdp`` here, the harness's name for FSDP inside an EP group), ranks
 row-major as ``_create_moe_mesh`` unflattens them; dense parameters sharded on dim 0 over both axes
@@ -38,35 +45,41 @@ from harness.spec.layout import Layout, MeshSpec, Shard, param
 from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
 NUM_EXPERTS, DIM, HIDDEN = 8, 16, 8
+"""Automodel's ``MoEConfig``: ``n_routed_experts``, ``dim``, ``moe_inter_dim`` (gated: 2 * HIDDEN)."""
 PREFIX = "layers.0."
-EXPERTS = PREFIX + "mlp.experts"
-"""The experts module (its parameters ``gate_and_up_projs`` and ``down_projs``, Automodel's names)."""
+MLP = PREFIX + "mlp"
+EXPERTS = MLP + ".experts"
+"""The experts module: ``gate_and_up_projs`` / ``down_projs`` (torch), ``gate_up_linear.weight{j}`` /
+``down_linear.weight{j}`` (TE)."""
 
 DENSE, TE, TE_UNMARKED, TORCH = "dense fsdp", "te experts", "te experts unmarked", "torch experts"
 KINDS = (TE, TE_UNMARKED, TORCH)
+UNMARKED_SYNTHETIC = ("nemo-automodel 0.7.0 stamps _nemo_ep_local_expert_params in GroupedExpertsTE.__init__ "
+                      "(PR #3817) and builds every other experts class through ExpertParallel: no 0.7.0 "
+                      "configuration leaves EP-local experts unmarked (on 0.6.0 the 'te experts' layouts are "
+                      "this state, reached by its stock TE experts)")
 
 
 @dataclass(frozen=True)
 class AutomodelSetup:
-    """How Automodel would have built this layout: its EP size and the experts backend
-    (``DENSE`` for ep 1, else one of ``KINDS``)."""
+    """How Automodel builds this layout: its EP size and the experts backend (``DENSE`` for ep 1,
+    else one of ``KINDS``)."""
 
     ep: int
     experts: str
 
     @property
-    def marked(self) -> bool:
-        """Whether the experts module carries ``_nemo_ep_local_expert_params`` (``GroupedExpertsTE``
-        stamps it at construction since 0.7.0)."""
-        return self.experts == TE
+    def te(self) -> bool:
+        """``GroupedExpertsTE`` (``BackendConfig(experts="te", dispatcher="deepep")``)."""
+        return self.experts in (TE, TE_UNMARKED)
 
     @property
-    def expert_parallel(self) -> bool:
-        """Whether the experts go through Automodel's ``ExpertParallel`` (a DTensor on ``ep``)."""
-        return self.experts == TORCH
+    def unmarked(self) -> bool:
+        """The synthetic layout: Automodel's marker taken off the TE experts after construction."""
+        return self.experts == TE_UNMARKED
 
 
-def _layout(world_size: int, ep: int) -> Layout:
+def _layout(world_size: int, ep: int, kind: str) -> Layout:
     rows = 2 * world_size
     if ep == 1:
         mesh = MeshSpec.of(**{MeshAxis.DP_SHARD_CP: world_size})
@@ -76,13 +89,20 @@ def _layout(world_size: int, ep: int) -> Layout:
         mesh = MeshSpec.of(**{MeshAxis.EP_FSDP: world_size // ep, MeshAxis.EP: ep})
         flat = {MeshAxis.EP_FSDP: Shard(0), MeshAxis.EP: Shard(0)}  # dp_shard_cp: every rank, dim 0
         experts = {MeshAxis.EP: Shard(0), MeshAxis.EP_FSDP: Shard(1)}  # experts split, FSDP on dim 1
-    return Layout(mesh, (
+    specs = [
         param(PREFIX + "self_attn.q_proj.weight", (rows, DIM), **flat),
         param(PREFIX + "input_layernorm.weight", (rows,), **flat),
-        param(PREFIX + "mlp.gate.weight", (rows, DIM), **flat),
-        param(EXPERTS + ".gate_and_up_projs", (NUM_EXPERTS, rows, 2 * HIDDEN), **experts),
-        param(EXPERTS + ".down_projs", (NUM_EXPERTS, rows, DIM), **experts),
-    ))
+        param(MLP + ".gate.weight", (NUM_EXPERTS, DIM), **flat),
+    ]
+    if kind in (TE, TE_UNMARKED):  # TE GroupedLinear: weight{j} is (out_features, in_features), expert r*E/ep+j
+        for j in range(NUM_EXPERTS // ep):
+            specs.append(param(f"{EXPERTS}.gate_up_linear.weight{j}", (ep * 2 * HIDDEN, DIM), **experts))
+        for j in range(NUM_EXPERTS // ep):
+            specs.append(param(f"{EXPERTS}.down_linear.weight{j}", (ep * DIM, HIDDEN), **experts))
+    else:
+        specs.append(param(EXPERTS + ".gate_and_up_projs", (NUM_EXPERTS, DIM, 2 * HIDDEN), **experts))
+        specs.append(param(EXPERTS + ".down_projs", (NUM_EXPERTS, HIDDEN, DIM), **experts))
+    return Layout(mesh, tuple(specs))
 
 
 class AutomodelEP(Scenario):
@@ -98,16 +118,17 @@ class AutomodelEP(Scenario):
         for ep in ep_sizes_for(self.name, world_size, NUM_EXPERTS, options.ep_sizes):
             if ep == 1 and NUM_EXPERTS % world_size:
                 continue  # FSDP2 would pad the experts' dim 0 unevenly; the layout model shards evenly
-            layout = _layout(world_size, ep)
             for kind in (DENSE,) if ep == 1 else KINDS:
-                label = f"{layout.describe()} {kind}"
+                layout = _layout(world_size, ep, kind)
                 out.append(Variant(
-                    label=label,
+                    label=f"{layout.describe()} {kind}",
                     layout=layout,
                     injection=injection,
                     declared=declared_from_layout(layout),
-                    invariance_key=None if kind == TE_UNMARKED else "automodel",
+                    # torch experts and the control hold the same tensors at every ep: same unique gradients
+                    invariance_key="automodel-torch" if kind in (DENSE, TORCH) else None,
                     ep_size=ep,
                     info=AutomodelSetup(ep, kind),
+                    synthetic=UNMARKED_SYNTHETIC if kind == TE_UNMARKED else None,
                 ))
         return out

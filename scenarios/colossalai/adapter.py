@@ -1,39 +1,47 @@
 """ColossalAI 0.5.0: the ZeRO-1 optimizer of its MoE hybrid-parallel plugin,
 ``MoeHybridParallelZeroOptimizer.step`` (``LowLevelZeroOptimizer.step`` composing the per-store norms
 of ``HybridParallelZeroOptimizer._compute_grad_norm``, then ``_unscale_and_clip_grads``), on the
-``colossalai_moe`` scenario's model.
+``colossalai_moe`` scenario's model, reached the way ColossalAI's own training reaches it.
 
-Setup per case (``dress``, every rank), as ``MoeHybridParallelPlugin.configure`` sets a model up:
+Setup per case (``dress``, every rank), the user's path:
 
-* ColossalAI's plugin builds its process groups: ``MoeHybridParallelPlugin(tp_size=1, pp_size=1,
-  ep_size=k, zero_stage=1)`` (or ``HybridParallelPlugin(..., overlap_communication=False)`` for the
-  dense-only control: there are no CUDA streams to overlap on, and the MoE plugin turns overlap off
-  itself); one plugin per layout, precision and generation of process groups, kept for later cases
-  (each builds its ``ProcessGroupMesh``'s gloo groups, never freed until the generation ends); its
-  ``max_norm`` is set per case.
+* ``MoeHybridParallelPlugin(tp_size=1, pp_size=1, ep_size=k, zero_stage=1, precision="bf16",
+  max_norm=...)`` (or ``HybridParallelPlugin(..., overlap_communication=False)`` for the dense-only
+  control: there are no CUDA streams to overlap on, and the MoE plugin turns overlap off itself);
+  one plugin per layout and generation of process groups, kept for later cases (each builds its
+  ``ProcessGroupMesh``'s gloo groups, never freed until the generation ends); its ``max_norm`` is set
+  per case, before ``boost`` builds the optimizer with it;
 * the experts get ColossalAI's EP mark, ``set_moe_tensor_ep_group(p, plugin.ep_group)`` (what its EP
   MoE blocks do in ``setup_process_groups``);
-* the model is wrapped in ``HybridParallelModule`` with the plugin's shard config and a custom policy
-  that replaces nothing (the harness model has no layers for shardformer to swap; ``custom_policy``
-  is the plugin's own extension point);
-* the optimizer is built exactly as ``configure`` builds it (``MoeHybridParallelZeroOptimizer`` with
-  the plugin's ``mixed_dp_group``, ``moe_dp_group``, tp/pp groups, ``zero_config``, ``amp_config``,
-  ``clip_grad_norm=max_norm``), except that ``forced_dtype`` is the case's dtype: ``configure``
-  asserts ``precision != 'fp32'`` under ZeRO, while the optimizer itself runs fp32 as it runs bf16.
-  The wrapped torch optimizer is a no-op, so ``step()`` reduces, measures and clips, and the
-  parameters stay as they are.
+* ``Booster(plugin=plugin).boost(model, optimizer)``: ``configure`` wraps the model in
+  ``HybridParallelModule`` (with a custom policy that replaces nothing: the harness model has no
+  layers for shardformer to swap; ``custom_policy`` is the plugin's own extension point) and builds
+  the ZeRO optimizer around a torch optimizer whose step changes nothing (the parameters stay put).
 
-The clip (``colossalai``): ``sync_dp_grads()`` (the reduction ColossalAI's ``backward`` runs right
-after ``loss.backward()``: each store's gradients bucketed, averaged over its group, partitioned) and
-``step()``; the norm is the optimizer's ``get_grad_norm()``. ZeRO keeps the clipped gradients as
-fp32 partitions of its master parameters and releases ``.grad``; so that the harness can judge the
-coefficient applied, the adapter records the partitions that ``_unscale_and_clip_grads`` scaled
-(wrapping it for the call; the original runs unchanged) and all-gathers them back into ``.grad``
-over each store's group.
+Precision: ``configure`` asserts ``precision != "fp32"`` under ZeRO, so no ColossalAI user runs this
+optimizer in fp32: the targets take bf16 cases only (fp32 ones are dropped with that reason).
 
-``colossalai-inf``: ``step()`` never passes a norm type (its clip is L2 only). This target binds
+Gradients (``backward``): ColossalAI acts on them between backward and clip. ``booster.backward(loss,
+optimizer)`` runs ``loss.backward()`` and then ZeRO's reduction (``_sync_grad``: each store's
+gradients bucketed, divided by the store group's size, all-reduced, partitioned into its gradient
+store; ``.grad`` released). So the loss is linear in seeded directions (``gradient_path``): each
+parameter's direction is its layout gradient times its store group's size on the first rank of that
+group (``mixed_dp_group`` for the dense store, ``moe_dp_group`` for the experts), zero on the others,
+so that the average ZeRO takes is exactly the layout's gradient. What ZeRO then holds is read back
+with its own ``get_param_grad`` (an all-gather over the store's group) into ``.grad``, for the
+runner's bit-for-bit delivery check; ``step()`` reads its stores, not ``.grad``.
+
+The clip (``colossalai``): ``optimizer.step()`` (with ``max_norm`` set, it clips); the norm is the
+optimizer's ``get_grad_norm()``. ZeRO keeps the clipped gradients as fp32 partitions of its master
+parameters: so that the harness can judge the coefficient applied, the adapter records the
+partitions that ``_unscale_and_clip_grads`` scaled (wrapping it for the call; the original runs
+unchanged) and all-gathers them back into ``.grad`` over each store's group.
+
+``colossalai-inf`` (not run by default: ``--target colossalai-inf``): ``step()`` never passes a norm
+type (its clip is L2 only; ColossalAI's ZeRO wrappers assert ``norm_type == 2``). This target binds
 ``norm_type=inf`` onto the optimizer's ``_compute_grad_norm`` for the call, so that ``step()``'s own
-composition reaches the inf branch ColossalAI ships in ``HybridParallelZeroOptimizer._compute_grad_norm``.
+composition reaches the inf branch ColossalAI ships in ``HybridParallelZeroOptimizer._compute_grad_norm``:
+a branch no configuration or public call reaches (synthetic).
 
 CPU shim: ``LowLevelZeroOptimizer._sanity_checks`` asserts an accelerator named cuda or npu, and its
 buckets ask the accelerator for streams, which ``CpuAccelerator`` refuses. On a CPU world the adapter
@@ -57,7 +65,8 @@ import torch.nn as nn
 
 from harness.run.devices import accelerator_for
 from harness.spec.context import CaseContext, context
-from harness.targets.target import Finding, Target, direct_call, stock
+from harness.targets.gradient_path import install_linear_forwards
+from harness.targets.target import Finding, Target, stock, synthetic
 
 from .framework import FRAMEWORK as COLOSSALAI
 from .scenario import EXPERT_PREFIX, ColossalAISetup
@@ -141,7 +150,8 @@ def _plugin(ctx: CaseContext, setup: ColossalAISetup, precision: str) -> Any:
     if plugin is None:
         for stale in [k for k in _PLUGINS if k[0] != generation]:
             del _PLUGINS[stale]
-        common = dict(tp_size=1, pp_size=1, zero_stage=1, precision=precision, custom_policy=_no_shard_policy())
+        common = dict(tp_size=1, pp_size=1, zero_stage=1, precision=precision, custom_policy=_no_shard_policy(),
+                      max_norm=ctx.case.max_norm)
         if setup.moe:
             moe = _colossalai("booster.plugin.moe_hybrid_parallel_plugin")
             plugin = moe.MoeHybridParallelPlugin(ep_size=setup.ep_size, **common)
@@ -155,37 +165,39 @@ def _plugin(ctx: CaseContext, setup: ColossalAISetup, precision: str) -> Any:
 
 
 def dress(model: nn.Module, ctx: CaseContext) -> None:
-    hybrid = _colossalai("booster.plugin.hybrid_parallel_plugin")
-    moe = _colossalai("booster.plugin.moe_hybrid_parallel_plugin")
     if accelerator_for(ctx.device) == "cpu":
         _install_cpu_accelerator()
     setup = ctx.case.variant.info_as(ColossalAISetup)
     dtype = next(p.dtype for p in model.parameters())
-    precision = _PRECISION[dtype]
-    plugin = _plugin(ctx, setup, precision)
+    plugin = _plugin(ctx, setup, _PRECISION[dtype])
     if setup.moe:
         for name, p in model.named_parameters():
             if name.startswith(EXPERT_PREFIX):
                 _colossalai("tensor.moe_tensor.api").set_moe_tensor_ep_group(p, plugin.ep_group)
-    optimizer = _NoOpOptimizer([p for p in model.parameters() if p.requires_grad])
-    param_info = hybrid.get_param_info(optimizer)
-    wrapped = hybrid.HybridParallelModule(
-        model, precision=precision, shard_config=plugin.shard_config, dp_group=plugin.mixed_dp_group,
-        tp_group=plugin.tp_group, sp_group=plugin.sp_group, use_ddp=False, ddp_config=plugin.ddp_config,
-        custom_policy=plugin.custom_policy, use_fp8=plugin.use_fp8,
-    )
-    zero_config = dict(plugin.zero_config, forced_dtype=dtype)
-    common = dict(param_info=param_info, dp_process_group=plugin.mixed_dp_group, tp_process_group=plugin.tp_group,
-                  pp_process_group=plugin.pp_group, verbose=True, clip_grad_norm=plugin.max_norm,
-                  **zero_config, **plugin.amp_config)
-    if setup.moe:
-        zero = moe.MoeHybridParallelZeroOptimizer(
-            optimizer, wrapped, use_pipeline=plugin.enable_pipeline_parallelism or plugin.ep_size > 1,
-            moe_dp_group=plugin.moe_dp_group, **common)
-    else:
-        zero = hybrid.HybridParallelZeroOptimizer(
-            optimizer, wrapped, use_pipeline=plugin.enable_pipeline_parallelism, **common)
-    ctx.extras["zero"] = zero
+    booster = _colossalai("booster").Booster(plugin=plugin)
+    boosted, zero, *_ = booster.boost(model, _NoOpOptimizer([p for p in model.parameters() if p.requires_grad]))
+    ctx.extras["colossalai"] = (booster, boosted, zero)
+
+
+def backward(model: nn.Module, ctx: CaseContext, grads: dict[str, torch.Tensor | None]) -> None:
+    """``booster.backward`` of a loss linear in the parameters, through ZeRO's reduction, leaving
+    exactly ``grads`` in ZeRO's gradient stores (copied into ``.grad`` for the delivery check)."""
+    booster, boosted, zero = ctx.extras["colossalai"]
+    directions: dict[str, torch.Tensor] = {}
+    params = dict(model.named_parameters())
+    for name, target in grads.items():
+        p = params.get(name)
+        if target is None or p is None or not p.requires_grad:
+            continue
+        group = zero.param_to_pg[p]  # the store's group: mixed_dp_group (dense) or moe_dp_group (experts)
+        first = dist.get_process_group_ranks(group)[0] == dist.get_rank()
+        directions[name] = target * dist.get_world_size(group) if first else torch.zeros_like(target)
+    install_linear_forwards(model, directions)
+    booster.backward(boosted(), zero)
+    ctx.extras["reduced"] = True
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.grad = zero.get_param_grad(p)
 
 
 @contextlib.contextmanager
@@ -222,9 +234,11 @@ def _gather_back(zero: Any, model: nn.Module, seen: dict[nn.Parameter, torch.Ten
 
 
 def _step(model: nn.Module, norm_type: float | None) -> torch.Tensor:
-    zero = context(model).extras["zero"]
+    extras = context(model).extras
+    _, _, zero = extras["colossalai"]
     seen: dict[nn.Parameter, torch.Tensor] = {}
-    zero.sync_dp_grads()
+    if not extras.get("reduced"):  # gradients injected after setup: ZeRO's reduction, as booster.backward runs it
+        zero.sync_dp_grads()
     with _recording_clip(zero, seen):
         if norm_type is None:
             zero.step()
@@ -250,20 +264,32 @@ def clip_inf(model: nn.Module, *, max_norm: float, norm_type: float = math.inf) 
     return _step(model, norm_type)
 
 
+_REPRO = "scenarios/colossalai/repro_moe_zero_norm.py"
+_PLUGIN = "Booster(plugin=MoeHybridParallelPlugin(ep_size=k > 1, zero_stage=1, precision='bf16', max_norm=m))"
+_BF16_ONLY = ("bf16",)
+"""``MoeHybridParallelPlugin.configure`` (and ``HybridParallelPlugin``'s) asserts ``precision != 'fp32'``
+under ZeRO: fp32 cases are dropped."""
+
 TARGETS = (
     Target("colossalai", clip, "ColossalAI MoeHybridParallelZeroOptimizer.step (ZeRO-1, per-store norms, L2 only)",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
-           dtypes=("fp32", "bf16"), norm_types=(2.0,),
+           backward=backward, dtypes=_BF16_ONLY, norm_types=(2.0,),
            findings=(
-               Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the MoE-ZeRO linear composition (0.5.0 and HEAD, code)",
-                       "||dense|| + ||own experts|| on each rank instead of their 2-norm over all experts",
-                       stock("MoeHybridParallelPlugin(ep_size>1, zero_stage=1) with max_norm set")),)),
+               Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the "
+                       "MoE-ZeRO linear composition of the stores' norms (0.5.0 and HEAD, code)",
+                       "step() adds the stores' norms, ||dense|| + ||own experts||, and the expert store's norm is "
+                       "reduced over moe_dp only, never over ep: rank-dependent, neither norm",
+                       stock(f"{_PLUGIN}; booster.backward(loss, optimizer); optimizer.step()"), repro=_REPRO),)),
     Target("colossalai-inf", clip_inf,
            "ColossalAI ZeRO step() with norm_type=inf bound onto HybridParallelZeroOptimizer._compute_grad_norm",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
-           dtypes=("fp32", "bf16"), norm_types=(math.inf,),
+           backward=backward, dtypes=_BF16_ONLY, norm_types=(math.inf,),
            findings=(
                Finding("*", "ColossalAI 0.5.0 inf branch (code; §6 row 33)",
-                       "super()._compute_grad_norm(gradients, norm_type) without dp_pg: TypeError: object of type 'float' has no len()",
-                       direct_call("the MoE ZeRO optimizer built with norm_type=inf")),)),
+                       "super()._compute_grad_norm(gradients, norm_type) without dp_pg: TypeError: object of type "
+                       "'float' has no len()",
+                       synthetic("no configuration or public call passes a norm type to the MoE ZeRO optimizer: "
+                                 "step() calls _compute_grad_norm with the default 2, and ColossalAI's ZeRO "
+                                 "wrappers (zero.wrapper, LowLevelZeroPlugin) assert norm_type == 2; only a call "
+                                 "of the private _compute_grad_norm(..., norm_type=inf) reaches the branch")),)),
 )

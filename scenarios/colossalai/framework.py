@@ -9,8 +9,11 @@ from harness.targets.frameworks import Framework
 
 _DEPS = "einops==0.8.2 peft==0.13.2 accelerate==1.15.0 galore_torch==1.0 bitsandbytes==0.50.2 " + HF_STACK
 
+RELEASES = ("0.5.0",)
+"""The newest release on the index is the pin; no other one was run."""
+
 FRAMEWORK = Framework(
     "colossalai", "colossalai.booster.plugin.moe_hybrid_parallel_plugin", "colossalai",
     "pip install --no-deps --no-build-isolation colossalai==0.5.0 && pip install --no-deps " + _DEPS,
     recipe=("pip install --no-deps --no-build-isolation colossalai==0.5.0", "pip install --no-deps " + _DEPS),
-)
+    releases=RELEASES)

@@ -77,7 +77,7 @@ class ColossalAIMoE(Scenario):
     summary = ("dense + experts under ColossalAI's MoE hybrid plugin, ZeRO-1: per-store norms added, "
                "experts not reduced over EP")
     uses_ep = True
-    default_targets = ("colossalai", "colossalai-inf", "reference")
+    default_targets = ("colossalai", "reference")
     default_norm_types = (2.0, float("inf"))
 
     def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:

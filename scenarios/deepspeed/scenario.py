@@ -10,15 +10,18 @@ Layouts (``edp`` x ``ep`` mesh; experts are separate parameters, one module each
 
 * ``ep=k`` for every valid k: expert i lives on the ranks whose ep coordinate owns it; ``ep=1`` is
   the fully replicated layout. All of them hold the same unique gradients (a metamorphic group).
-* ``no-expert-rank``: every expert lives on ep coordinate 0; the other ep ranks own no expert at all
-  (as under pipeline parallelism). Same unique gradients again.
 * ``expert-no-grad``: one expert got no tokens, so its gradient is None on every rank holding it.
 * ``gate-no-grad``: the router's gradient is None, ahead of the experts, whose replica count differs
   from its own: a clip that builds per-parameter weights for every parameter and zips them with the
   gradients that exist gives each expert its predecessor's weight.
-* ``no-expert-rank frozen-dense``: the dense parameters get no gradient and every expert lives on ep
-  coordinate 0, so the other ranks hold no gradient at all.
+* ``frozen-dense idle-rank``: the dense parameters are frozen (no gradient anywhere) and the experts of
+  the last ep rank got no tokens, so the ranks of that ep coordinate hold no gradient at all (every
+  rank still owns ``num_experts / ep`` experts, as DeepSpeed places them).
 * ``nan in an expert``: a NaN in the expert of the last ep rank (not rank 0), for L2 and inf.
+* ``no-expert-rank`` and ``no-expert-rank frozen-dense`` (synthetic, ``SYNTHETIC_NO_EXPERT_RANK``):
+  every expert lives on ep coordinate 0 and the other ep ranks own none. DeepSpeed never places experts
+  that way; kept as regression layouts for the harness's own clips, run for the adapters only with
+  ``--synthetic``.
 
 Parameters are dressed as DeepSpeed dresses them: experts get ``allreduce = False`` and
 ``group_name = "ep_size_<k>"``; dense parameters carry no mark.
@@ -45,6 +48,12 @@ from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
 from harness.targets.target import Target
 
 NUM_EXPERTS, WIDTH = 4, 16
+
+SYNTHETIC_NO_EXPERT_RANK = (
+    "DeepSpeed gives every EP rank num_experts / ep_size experts: AutoEPMoELayer (num_local_experts = "
+    "num_experts // ep_size, a uniform placement descriptor) and deepspeed.moe.layer.MoE (num_local_experts = "
+    "num_experts // ep_size) alike; a rank without experts exists only as a pipeline stage without MoE layers, "
+    "whose dense layers differ too and whose clip sums over the pipeline (mpu) before the average, not this layout")
 
 
 def expert_name(i: int) -> str:
@@ -90,11 +99,19 @@ class DeepSpeedAutoEP(Scenario):
         uneven = [ep for ep in sizes if ep > 1]
         if uneven:
             ep = min(uneven)
+            frozen_dense = tuple((name, frozenset(range(world_size))) for name in ("dense.weight", "moe.gate.weight"))
+            per_rank = NUM_EXPERTS // ep
+            layout = autoep_layout(world_size, ep, [i // per_rank for i in range(NUM_EXPERTS)])
+            idle = Injection(seed=options.seed, dtype=options.dtype, none_on=frozen_dense + tuple(
+                (expert_name(i), layout.param(expert_name(i)).present_ranks or frozenset())
+                for i in range(NUM_EXPERTS - per_rank, NUM_EXPERTS)))
+            out.append(self._variant("owner-sharded frozen-dense idle-rank", layout, idle, ep, None))
             layout = autoep_layout(world_size, ep, [0] * NUM_EXPERTS)
-            out.append(self._variant("no-expert-rank", layout, base, ep, "autoep"))
-            frozen = Injection(seed=options.seed, dtype=options.dtype, none_on=tuple(
-                (name, frozenset(range(world_size))) for name in ("dense.weight", "moe.gate.weight")))
-            out.append(self._variant("no-expert-rank frozen-dense", layout, frozen, ep, "autoep-frozen-dense"))
+            out.append(self._variant("no-expert-rank", layout, base, ep, "autoep",
+                                     synthetic=SYNTHETIC_NO_EXPERT_RANK))
+            frozen = Injection(seed=options.seed, dtype=options.dtype, none_on=frozen_dense)
+            out.append(self._variant("no-expert-rank frozen-dense", layout, frozen, ep, "autoep-frozen-dense",
+                                     synthetic=SYNTHETIC_NO_EXPERT_RANK))
             ep = max(sizes)
             layout = autoep_layout(world_size, ep, [i // (NUM_EXPERTS // ep) for i in range(NUM_EXPERTS)])
             nan = Injection(seed=options.seed, dtype=options.dtype,
@@ -102,7 +119,8 @@ class DeepSpeedAutoEP(Scenario):
             out.append(self._variant("owner-sharded nan in an expert", layout, nan, ep, None))
         return out
 
-    def _variant(self, kind: str, layout: Layout, injection: Injection, ep: int, key: str | None) -> Variant:
+    def _variant(self, kind: str, layout: Layout, injection: Injection, ep: int, key: str | None,
+                 synthetic: str | None = None) -> Variant:
         return Variant(
             label=f"{layout.describe()} {kind}",
             layout=layout,
@@ -110,6 +128,7 @@ class DeepSpeedAutoEP(Scenario):
             declared=declared_from_layout(layout),
             invariance_key=key,
             ep_size=ep,
+            synthetic=synthetic,
         )
 
     def dress(self, model: nn.Module, variant: Variant) -> None:

@@ -3,8 +3,13 @@ names, gradients clipped by stock ``torch.nn.utils.clip_grad_norm_``.
 
 Setup per case (``dress``): each FSDP unit's parameters are recreated at their size *before* FSDP
 sharding (FSDP shards what it is given), then ``fully_shard`` wraps the unit; inner units first, as
-a training script would. FSDP2's DTensor parameters then have exactly the layout's local shapes, and
-the gradients are injected as DTensors with FSDP's own placements.
+a training script would. FSDP2's DTensor parameters then have exactly the layout's local shapes.
+
+FSDP2 acts on gradients between the backward and the clip: its post-backward hook reduce-scatters
+each unit's gradients over the unit's mesh (all-reduces them over an HSDP replicate axis) and divides
+them by the data-parallel size. So the target has a ``backward`` step: a forward and backward through
+the wrapped model with a loss linear in per-parameter directions (``harness.targets.gradient_path``),
+which that reduction turns into exactly the layout's gradients (a NaN included: it survives the sum).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from torch.distributed.tensor import DTensor, Shard
 from harness.spec.axes import MeshAxis
 from harness.spec.context import CaseContext
 from harness.spec.model import parameter_values
-from harness.targets.target import Finding, Target, direct_call
+from harness.targets.gradient_path import backward_linear, reduced_to
+from harness.targets.target import Finding, Target, direct_call, torch_max_drops_nan
 
 from .scenario import CASE, WORLD, FsdpWrapping
 
@@ -56,6 +62,18 @@ def dress(model: nn.Module, ctx: CaseContext) -> None:
         fully_shard(module, mesh=mesh, shard_placement_fn=shard_dim)
 
 
+def backward(model: nn.Module, ctx: CaseContext, grads: dict[str, torch.Tensor | None]) -> None:
+    """A training step's backward: FSDP2 reduces every gradient over its unit's mesh and divides by
+    that mesh's size (its default divide factor: the data-parallel size)."""
+    directions = {}
+    for name, p in model.named_parameters():
+        grad = grads.get(name)
+        if grad is not None:
+            assert isinstance(p, DTensor)  # every parameter is FSDP's after dress
+            directions[name] = reduced_to(p, grad, float(p.device_mesh.size()))
+    backward_linear(model, directions)
+
+
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """torch.nn.utils.clip_grad_norm_ over the FSDP2 model's (DTensor) parameters."""
     params = [p for p in model.parameters() if p.grad is not None]
@@ -65,9 +83,14 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.
 
 TARGETS = (
     Target("torch-fsdp2", clip, "torch.nn.utils.clip_grad_norm_ on an FSDP2 (fully_shard) model",
-           origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress,
+           origin="adapter torch-fsdp2", scenarios=("fsdp2_meshes",), dress=dress, backward=backward,
            findings=(
                Finding("*mixed meshes*", "pytorch/pytorch #180346",
                        "torch.stack of norms from two meshes raises",
-                       direct_call("torch.nn.utils.clip_grad_norm_ on a model fully_shard-ed on two meshes")),)),
+                       direct_call("torch.nn.utils.clip_grad_norm_ on a model fully_shard-ed on two meshes (experts "
+                                   "on an expert-data-parallel sub-mesh, as VeOmni and xorl wrap them); frameworks "
+                                   "that call torch's clip on two meshes meet it too (the torchtune target's "
+                                   "'tp+fsdp base plan' rows; NeMo Automodel's KD recipe before its PR #3302)"),
+                       repro="scenarios/fsdp2/repro_mixed_meshes.py"),
+               torch_max_drops_nan("*nan on last rank*"),)),
 )

@@ -3,6 +3,9 @@
 * ``fsdp``: one flat mesh over all ranks, every parameter sharded on dim 0 (the control).
 * ``hsdp``: a 2-D ``(dp_replicate, dp_shard)`` mesh; FSDP shards over ``dp_shard`` and replicates
   over ``dp_replicate``. All gradients share one mesh, so stock clipping is exact.
+* ``fsdp nan on last rank``: the ``fsdp`` layout with one NaN in the last rank's shard: an L2 clip
+  keeps it (a NaN survives a SUM); torch's inf-norm clip reduces its ``Partial(max)`` norm with a
+  float MAX that drops it (gloo keeps a NaN only where rank 0 holds it).
 * ``mixed meshes``: dense parameters FSDP-sharded over all ranks, experts (already EP-local) sharded
   by FSDP on their ``ep_fsdp`` sub-mesh, as xorl and VeOmni wrap them. Stock ``clip_grad_norm_``
   cannot combine DTensors from two meshes and raises; the harness reports that error as the case's
@@ -56,17 +59,23 @@ class FSDP2Meshes(Scenario):
         rows = ROWS_PER_RANK * world_size
         out = []
 
-        def add(label: str, layout: Layout, units: tuple[FsdpUnit, ...], key: str) -> None:
-            out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=injection,
+        def add(label: str, layout: Layout, units: tuple[FsdpUnit, ...], key: str | None,
+                values: Injection = injection) -> None:
+            out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=values,
                                declared=declared_from_layout(layout), invariance_key=key,
                                info=FsdpWrapping(units)))
 
         flat = MeshSpec.of(dp=world_size)
-        add("fsdp", Layout(flat, (
+        fsdp = Layout(flat, (
             param("layers.0.weight", (rows, COLS), dp=Shard(0)),
             param("layers.0.bias", (rows,), dp=Shard(0)),
             param("layers.1.weight", (rows, COLS), dp=Shard(0)),
-        )), (FsdpUnit("", WORLD, 0),), "fsdp2-dense")
+        ))
+        add("fsdp", fsdp, (FsdpUnit("", WORLD, 0),), "fsdp2-dense")
+        if world_size > 1:  # the first element of the last row: the last rank's shard under Shard(0)
+            nan = Injection(seed=options.seed, dtype=options.dtype,
+                            nonfinite=(("layers.0.weight", (rows - 1) * COLS, "nan"),))
+            add("fsdp nan on last rank", fsdp, (FsdpUnit("", WORLD, 0),), None, nan)
         if world_size % 2 == 0:
             shard = world_size // 2
             hsdp = MeshSpec.of(dp_replicate=2, dp_shard=shard)

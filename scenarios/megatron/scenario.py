@@ -1,24 +1,30 @@
 """A Megatron-style transformer layer with MoE under tensor and expert parallelism.
 
 Mesh ``(dp, ep, tp)`` in Megatron's rank order (tp fastest). Dense weights are column- or row-parallel
-(sharded over ``tp`` and marked ``tensor_model_parallel``); the layernorm and router weights are
-TP-duplicates (replicated over ``tp``, unmarked, counted on TP rank 0 only by Megatron's filter); the
-grouped experts are sharded over ``ep`` and over ``tp`` (expert tensor parallelism) and marked
-``allreduce = False``. Everything is replicated over ``dp`` (a non-distributed optimizer sees
+(sharded over ``tp``); the layernorm and router weights are TP-duplicates (replicated over ``tp``,
+counted on TP rank 0 only by Megatron's filter); the experts, stacked per local expert, are sharded
+over ``ep`` and over ``tp`` (expert tensor parallelism equal to tp, Megatron's default). Everything is replicated over ``dp`` (a non-distributed optimizer sees
 all-reduced, identical data-parallel gradients).
 
-Two markings of the experts: ``experts marked TP`` (the control) and, with tp > 1, ``experts unmarked
-(grouped GEMM)``: the grouped-GEMM expert weights that megatron-core 0.16.1 did not mark
-``tensor_model_parallel``, so its TP-duplicate filter keeps only TP rank 0's expert shards (fixed by
-Megatron-LM PR #5916). The marks each parameter gets are in ``Variant.info`` (``MegatronMarks``).
+Two expert modules, as a user's model gets them; the marks (``tensor_model_parallel``, ``allreduce``)
+come from megatron-core's own code in the adapter's ``dress``, never from this file:
+
+* ``experts TP-linear (SequentialMLP)``: the experts of the local spec without ``--moe-grouped-gemm``
+  (``ColumnParallelLinear`` / ``RowParallelLinear`` with ``is_expert=True``);
+* ``experts grouped GEMM (TE)`` (tp > 1 only): the experts of ``--moe-grouped-gemm`` on the default
+  Transformer Engine stack (``TEGroupedMLP``, ``TEGroupedLinear``). megatron-core before
+  Megatron-LM PR #5916 (0.16.1) leaves them unmarked ``tensor_model_parallel``, so its TP-duplicate
+  filter keeps only TP rank 0's expert shards; PR #5916 marks them in
+  ``_set_expert_parameter_attributes`` (extensions/transformer_engine.py) and filters experts over the
+  expert-TP group.
+
+What the adapter must know is which module a variant's experts come from (``MegatronExperts``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
-from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant, declared_from_layout
 from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Shard, param
@@ -41,37 +47,11 @@ def megatron_layout(world_size: int, ep: int, tp: int) -> Layout:
 
 
 @dataclass(frozen=True)
-class ParamMarks:
-    """The attributes Megatron reads off a parameter: ``partition_dim`` set means marked
-    ``tensor_model_parallel`` (with stride 1); ``expert`` means ``allreduce = False``."""
+class MegatronExperts:
+    """Which megatron-core module the variant's experts come from: ``"sequential"`` (TP linear layers,
+    ``SequentialMLP``) or ``"te-grouped"`` (``TEGroupedMLP``, ``--moe-grouped-gemm``)."""
 
-    partition_dim: int | None = None
-    expert: bool = False
-
-    def attributes(self) -> dict[str, object]:
-        """What Megatron's own layers would have set on the parameter, and nothing else."""
-        out: dict[str, object] = {}
-        if self.partition_dim is not None:
-            out.update(tensor_model_parallel=True, partition_dim=self.partition_dim, partition_stride=1)
-        if self.expert:
-            out["allreduce"] = False
-        return out
-
-
-@dataclass(frozen=True)
-class MegatronMarks:
-    of: Mapping[str, ParamMarks]
-
-
-def megatron_marks(layout: Layout, experts_marked: bool) -> MegatronMarks:
-    marks: dict[str, ParamMarks] = {}
-    for spec in layout:
-        tp = spec.placement(MeshAxis.TP)
-        expert = ".experts." in spec.name
-        marked = isinstance(tp, Shard) and (experts_marked or not expert)
-        marks[spec.name] = ParamMarks(tp.dim - (1 if expert else 0) if marked and isinstance(tp, Shard) else None,
-                                      expert)
-    return MegatronMarks(marks)
+    module: str
 
 
 class MegatronMoETP(Scenario):
@@ -86,8 +66,8 @@ class MegatronMoETP(Scenario):
         for ep in ep_sizes_for(self.name, world_size, NUM_EXPERTS, options.ep_sizes):
             for tp in (k for k in range(1, world_size // ep + 1) if (world_size // ep) % k == 0):
                 layout = megatron_layout(world_size, ep, tp)
-                for marked in (True, False) if tp > 1 else (True,):
-                    kind = "experts marked TP" if marked else "experts unmarked (grouped GEMM)"
+                for module in ("sequential", "te-grouped") if tp > 1 else ("sequential",):
+                    kind = "experts TP-linear (SequentialMLP)" if module == "sequential" else "experts grouped GEMM (TE)"
                     out.append(Variant(
                         label=f"{layout.describe()} {kind}",
                         layout=layout,
@@ -95,6 +75,6 @@ class MegatronMoETP(Scenario):
                         declared=declared_from_layout(layout),
                         invariance_key=f"megatron-tp{tp}",
                         ep_size=ep,
-                        info=megatron_marks(layout, marked),
+                        info=MegatronExperts(module),
                     ))
         return out

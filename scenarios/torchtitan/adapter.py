@@ -1,85 +1,203 @@
-"""torchtitan: ``torchtitan.distributed.utils.clip_grad_norm_`` on DTensor parameters laid out the
-way torchtitan lays them out.
+"""torchtitan: ``torchtitan.distributed.utils.clip_grad_norm_`` on a model parallelized the way
+torchtitan's trainer parallelizes it, with gradients that arrive the way its training step
+produces them.
 
-* ``torchtitan`` (the ``torchtitan_ep`` scenario, ``ep_enabled=True``): every parameter becomes a
-  DTensor on the mesh its scenario names, with its *declared* placements, sharing storage with the
-  harness's local tensor: ``dense`` parameters on a 1-D mesh over all ranks, ``sparse`` ones on the
-  case's ``(efsdp, ep)`` mesh, ``efsdp`` ones on that mesh's ``efsdp`` axis alone.
+Between the backward and the clip, torchtitan acts on gradients through FSDP2 only: its
+``apply_fsdp_to_decoder`` wraps every block with ``fully_shard`` (gradient division disabled:
+``set_gradient_divide_factor(1.0)``, the loss is scaled by the global token count instead), whose
+post-backward reduce-scatters each gradient over the parameter's FSDP mesh. Expert parallelism acts
+on activations only (the token dispatcher's all-to-all, forward and backward), and the MoE
+load-balancing hook runs before the optimizer step, after the clip, on a buffer. So both targets
+have a ``backward`` step: a forward and backward through the FSDP-wrapped model with a loss linear
+in per-parameter directions (``harness.targets.gradient_path``) that FSDP's reduce-scatter turns
+into exactly the layout's gradients.
+
+* ``torchtitan`` (the ``torchtitan_ep`` scenario): the trainer's order. The model is built on the
+  meta device at its global shapes (EP-local, for experts another framework left local), then
+  torchtitan's parallelize: the routed experts distributed over ``ep`` with ``Shard(0)``
+  (``distribute_tensor``, what ``Module.parallelize`` does with ``spmd_backend="partial_dtensor"``),
+  then torchtitan's own ``apply_fsdp_to_decoder`` (dense on the flat FSDP mesh, experts on
+  ``efsdp``, its choice of shard dim, ``param_dtype`` the case dtype and ``reduce_dtype`` fp32),
+  then ``to_empty``. The clip is the trainer's call: ``clip_grad_norm_(model.parameters(),
+  max_norm, foreach=True, pp_mesh=None, ep_enabled=ep > 1)`` (the trainer passes no norm type: L2;
+  the inf norm is a direct call).
 * ``torchtitan-pp`` (the built-in ``pipeline_stages`` scenario, dense stages): each rank holds its
-  stage's parameters only, as DTensors on the stage's ``dp`` mesh (FSDP inside a stage), and the
-  clip gets ``pp_mesh``, as torchtitan's trainer passes it. Layouts torchtitan itself rejects are
-  refused, with torchtitan's reason: a weight tied across stages (its decoder raises
-  ``NotImplementedError: Weight tying is not supported with Pipeline Parallel``) and expert stages
-  (EP with PP is not modelled by this adapter).
+  stage's parameters; the dp-sharded ones are ``fully_shard``-ed per module on the stage's ``dp``
+  mesh, as torchtitan's FSDP does inside a stage (divide factor 1). The shared scenario keeps the
+  norms replicated over ``dp``, which torchtitan's FSDP would shard too: they stay DTensors
+  ``Replicate`` on ``dp`` and the backward gives them their gradients directly (no reduction crosses
+  a replica there). The clip gets ``pp_mesh``, as the trainer passes it. Layouts torchtitan itself
+  rejects are refused, with its reason: a weight tied across stages (``NotImplementedError: Weight
+  tying is not supported with Pipeline Parallel``) and expert stages (EP with PP is not modelled by
+  this adapter).
 
-The gradients are then injected as DTensors with the same placements.
+The ``spmd_types`` backend (torchtitan 0.3.0's default) does not run on torch 2.13 (``fully_shard``
+with ``dp_mesh_dims`` rejects its plain-tensor parameters); ``partial_dtensor`` and ``full_dtensor``
+give every parameter the placements modelled here (checked on torchtitan's qwen3 MoE debug model at
+world 4, ep 2: dense ``Shard(0)`` on the flat mesh, experts ``(_StridedShard(0), Shard(0))`` on
+``(efsdp, ep)``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.placement_types import Placement
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from harness.clipmath import local_tensor
 from harness.spec.axes import MeshAxis
 from harness.spec.case import Variant
 from harness.spec.context import CaseContext, context
-from harness.spec.layout import MeshSpec
-from harness.spec.model import torch_placements
+from harness.spec.layout import MeshSpec, Shard
+from harness.spec.model import parameter_values, torch_placements
+from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, direct_call, synthetic
 
 from .framework import FRAMEWORK as TORCHTITAN
-from .scenario import DENSE, SPARSE, DTensorMeshes
+from .scenario import LIES, NUM_EXPERTS, SPARSE, DTensorMeshes
 
 
-def _mesh_for(kind: str, ctx: CaseContext) -> tuple[DeviceMesh, MeshSpec]:
-    if kind == DENSE:
-        assert dist.group.WORLD is not None  # a case runs in an initialized world
-        flat = DeviceMesh.from_group(dist.group.WORLD, ctx.device.type, mesh_dim_names=(MeshAxis.DP_SHARD_CP,))
-        return flat, MeshSpec.of(**{MeshAxis.DP_SHARD_CP: ctx.world_size})
-    if kind == SPARSE:
-        return ctx.mesh, ctx.mesh_spec
-    return ctx.mesh[kind], MeshSpec.of(**{kind: ctx.group_size(kind)})
+def _replace(model: nn.Module, name: str, value: torch.Tensor, requires_grad: bool) -> None:
+    module_path, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_path) if module_path else model
+    module.register_parameter(leaf, nn.Parameter(value, requires_grad=requires_grad))
+
+
+def _unsharded_shape(local: Sequence[int], declared: Mapping[str, object], spec: MeshSpec) -> tuple[int, ...]:
+    """The shape before the parallelism the declared placements name (what the model builder makes)."""
+    shape = list(local)
+    for axis, placement in declared.items():
+        if isinstance(placement, Shard):
+            shape[placement.dim] *= spec.size(axis)
+    return tuple(shape)
+
+
+def _as_decoder(model: nn.Module) -> None:
+    """The attributes torchtitan's ``apply_fsdp_to_decoder`` reads of its ``Decoder``: the harness's
+    model has the same module tree, without embeddings, final norm or head."""
+    layers = nn.ModuleDict(dict(model.get_submodule("layers").named_children()))
+    model.layers = layers
+    for attribute, value in (("enable_weight_tying", False), ("tok_embeddings", None), ("norm", None),
+                             ("lm_head", None)):
+        setattr(model, attribute, value)
+    for block in layers.values():
+        if hasattr(block, "moe"):
+            setattr(block, "moe_enabled", True)
+            setattr(block.get_submodule("moe.routed_experts.inner_experts"), "num_experts", NUM_EXPERTS)
+
+
+def _sum_on_gloo(model: nn.Module, ctx: CaseContext) -> None:
+    """gloo has no ``PREMUL_SUM``, the op FSDP2 picks for torchtitan's divide factor 1: there, the same
+    sum through ``force_sum_reduction_for_comms`` (a plain SUM, then a division by 1), the reduction
+    torchtitan itself selects with ``enable_fsdp_symm_mem``."""
+    if ctx.device.type == "cpu":  # gloo carries the CPU tensors
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """``to_empty`` after parallelizing, as the trainer does, then cheap exact values (the trainer's
+    ``init_weights``; the values do not matter to the clip)."""
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for p in model.parameters():
+            local = local_tensor(p)
+            local.copy_(parameter_values(tuple(local.shape), local.dtype, local.device))
 
 
 def dress(model: nn.Module, ctx: CaseContext) -> None:
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
     kinds = ctx.case.variant.info_as(DTensorMeshes).of
-    for name, p in list(model.named_parameters()):
-        mesh, spec = _mesh_for(kinds[name], ctx)
-        declared = dict(ctx.declared[name])
-        if kinds[name] == DENSE:  # sharded over every rank: one dim-0 shard per rank of the flat mesh
-            declared = {MeshAxis.DP_SHARD_CP: next(iter(declared.values()))}
-        _as_dtensor(model, name, p, mesh, torch_placements(declared, spec))
+    ep = ctx.group_size(MeshAxis.EP)
+    for name, p in list(model.named_parameters()):  # the builder, on meta
+        shape = _unsharded_shape(p.shape, ctx.declared[name], ctx.mesh_spec)
+        _replace(model, name, torch.empty(shape, dtype=p.dtype, device="meta"), p.requires_grad)
+    if ep > 1:  # torchtitan's parallelize: the routed experts over ep (EFSDP-kind experts stay EP-local)
+        for name, p in list(model.named_parameters()):
+            if kinds[name] == SPARSE:
+                placement = torch_placements({MeshAxis.EP: ctx.declared[name][MeshAxis.EP]},
+                                             MeshSpec.of(**{MeshAxis.EP: ep}))
+                _replace(model, name, distribute_tensor(p.detach(), ctx.mesh[MeshAxis.EP], list(placement)),
+                         p.requires_grad)
+    _as_decoder(model)
+    dense_mesh = ctx.mesh._flatten(MeshAxis.FSDP)  # torchtitan's dense FSDP mesh: every rank, one axis
+    apply_fsdp_to_decoder(model, dense_mesh, param_dtype=ctx.case.variant.injection.torch_dtype,
+                          reduce_dtype=torch.float32, pp_enabled=False, ep_degree=ep,
+                          edp_mesh=ctx.mesh[MeshAxis.EFSDP] if ep > 1 else None)
+    _sum_on_gloo(model, ctx)
+    _materialize(model, ctx.device)
+
+
+def backward(model: nn.Module, ctx: CaseContext, grads: dict[str, torch.Tensor | None]) -> None:
+    """The training step's backward: FSDP2 reduce-scatters (sums: divide factor 1) over each
+    parameter's FSDP mesh; EP does not reduce gradients, so ``ep`` is a kept axis."""
+    directions = {}
+    for name, p in model.named_parameters():
+        grad = grads.get(name)
+        if grad is not None:
+            assert isinstance(p, DTensor)  # every parameter is FSDP's after dress
+            directions[name] = reduced_to(p, grad, 1.0, kept_axes=(MeshAxis.EP,))
+    backward_linear(model, directions)
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """torchtitan.distributed.utils.clip_grad_norm_ with ep_enabled=True (foreach, no PP)."""
+    """torchtitan.distributed.utils.clip_grad_norm_ as its trainer calls it (foreach, no PP,
+    ``ep_enabled`` when ep > 1)."""
     from torchtitan.distributed.utils import clip_grad_norm_
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    return clip_grad_norm_(params, max_norm, norm_type, foreach=True, pp_mesh=None, ep_enabled=True)
-
-
-def _as_dtensor(model: nn.Module, name: str, p: nn.Parameter, mesh: DeviceMesh, placements: Sequence[Placement]) -> None:
-    """Replace ``name`` by a DTensor parameter sharing ``p``'s storage."""
-    module_path, _, leaf = name.rpartition(".")
-    module = model.get_submodule(module_path) if module_path else model
-    dtensor = DTensor.from_local(p.detach(), mesh, placements, run_check=False)
-    module.register_parameter(leaf, nn.Parameter(dtensor, requires_grad=p.requires_grad))
+    ep_enabled = context(model).group_size(MeshAxis.EP) > 1
+    return clip_grad_norm_(list(model.parameters()), max_norm, norm_type, foreach=True, pp_mesh=None,
+                           ep_enabled=ep_enabled)
 
 
 def dress_stages(model: nn.Module, ctx: CaseContext) -> None:
-    """Each stage's parameters as DTensors on the stage's ``dp`` mesh, placed as declared there."""
+    """Each stage's dp-sharded parameters ``fully_shard``-ed per module on the stage's ``dp`` mesh
+    (built at their unsharded shape on meta first); the rest DTensors ``Replicate`` on ``dp``."""
     stage_mesh = ctx.mesh[MeshAxis.DP]
-    stage_spec = MeshSpec.of(**{MeshAxis.DP: ctx.group_size(MeshAxis.DP)})
+    dp = ctx.group_size(MeshAxis.DP)
+    dtype = ctx.case.variant.injection.torch_dtype
+    owners: list[str] = []
     for name, p in list(model.named_parameters()):
-        placements = torch_placements({MeshAxis.DP: ctx.declared[name][MeshAxis.DP]}, stage_spec)
-        _as_dtensor(model, name, p, stage_mesh, placements)
+        placement = ctx.declared[name][MeshAxis.DP]
+        if isinstance(placement, Shard):
+            _replace(model, name, torch.empty(_unsharded_shape(p.shape, {MeshAxis.DP: placement},
+                                                               MeshSpec.of(**{MeshAxis.DP: dp})),
+                                              dtype=p.dtype, device="meta"), p.requires_grad)
+            owner = name.rpartition(".")[0]
+            if owner not in owners:
+                owners.append(owner)
+        else:
+            placements = torch_placements({MeshAxis.DP: placement}, MeshSpec.of(**{MeshAxis.DP: dp}))
+            _replace(model, name, DTensor.from_local(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                     stage_mesh, placements, run_check=False), p.requires_grad)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for owner in owners:
+        module = model.get_submodule(owner)
+        fully_shard(module, mesh=stage_mesh, mp_policy=policy, reshard_after_forward=False)  # PP: no reshard
+        assert isinstance(module, FSDPModule)
+        module.set_gradient_divide_factor(1.0)
+    _sum_on_gloo(model, ctx)
+    _materialize(model, ctx.device)
+
+
+def backward_stages(model: nn.Module, ctx: CaseContext, grads: dict[str, torch.Tensor | None]) -> None:
+    """Each stage's backward: FSDP reduce-scatters its units over ``dp``; the replicated norms get
+    their gradients as they are (``dp`` kept: nothing reduces them)."""
+    directions = {}
+    for name, p in model.named_parameters():
+        grad = grads.get(name)
+        if grad is None:
+            continue
+        sharded = isinstance(ctx.declared[name][MeshAxis.DP], Shard)
+        assert isinstance(p, DTensor)  # FSDP's, or a replicated DTensor (dress_stages)
+        directions[name] = reduced_to(p, grad, 1.0, kept_axes=() if sharded else (MeshAxis.DP,))
+    backward_linear(model, directions)
 
 
 def refuses_stage_layout(variant: Variant) -> str | None:
@@ -97,26 +215,33 @@ def refuses_stage_layout(variant: Variant) -> str | None:
 
 
 def clip_stages(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """torchtitan.distributed.utils.clip_grad_norm_ with pp_mesh (foreach, no EP)."""
+    """torchtitan.distributed.utils.clip_grad_norm_ with pp_mesh, as its trainer calls it (foreach, no EP)."""
     from torchtitan.distributed.utils import clip_grad_norm_
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    return clip_grad_norm_(params, max_norm, norm_type, foreach=True, pp_mesh=context(model).mesh[MeshAxis.PP])
+    pp_mesh: DeviceMesh = context(model).mesh[MeshAxis.PP]
+    return clip_grad_norm_(list(model.parameters()), max_norm, norm_type, foreach=True, pp_mesh=pp_mesh)
 
 
 TARGETS = (
-    Target("torchtitan", clip, "torchtitan.distributed.utils.clip_grad_norm_ (ep_enabled=True) on DTensors",
+    Target("torchtitan", clip,
+           "torchtitan.distributed.utils.clip_grad_norm_ (ep_enabled) on torchtitan's FSDP2/EP model",
            origin="adapter torchtitan", scenarios=("torchtitan_ep",), requires=TORCHTITAN, dress=dress,
+           backward=backward,
            findings=(
-               Finding("*placement lies*", "none for torchtitan: a lying plan (the class of modelscope/mcore-bridge PR #173, NVIDIA-NeMo/Megatron-Bridge PR #5396)",
-                       "torchtitan trusts the DTensor placements; a factor declared Replicate but distinct is counted once",
-                       synthetic("torchtitan's own parallelize functions place every parameter honestly")),
-               Finding("*experts without ep dim*", "ByteDance-Seed/VeOmni PR #185 (experts DTensors without their EP dimension)",
-                       "experts on a mesh without ep: torchtitan raises on the mixed meshes",
-                       direct_call("torchtitan's clip_grad_norm_(ep_enabled=True) on experts parallelized by "
-                                   "another framework onto a mesh without an ep dim")),)),
+               Finding("*placement lies*", "none for torchtitan: a lying plan (the class of modelscope/mcore-bridge "
+                       "PR #173, NVIDIA-NeMo/Megatron-Bridge PR #5396)",
+                       "torchtitan trusts the DTensor placements; a factor declared Replicate but distinct is "
+                       "counted once", synthetic(LIES)),
+               Finding("*experts without ep dim*", "pytorch/pytorch #180346",
+                       "experts on a mesh without ep join the dense parameters in torchtitan's non-EP group, and "
+                       "torch's get_total_norm stacks norms from two meshes: it raises",
+                       direct_call("torchtitan.distributed.utils.clip_grad_norm_(..., ep_enabled=True) on a model "
+                                   "whose experts another framework FSDP-wrapped on an expert-data-parallel mesh "
+                                   "without an ep axis (VeOmni, xorl); torchtitan's parallelize always puts "
+                                   "them on (efsdp, ep)"),
+                       owner="pytorch/pytorch", repro="scenarios/torchtitan/repro_experts_without_ep_dim.py"),)),
     Target("torchtitan-pp", clip_stages,
-           "torchtitan.distributed.utils.clip_grad_norm_ (pp_mesh) on each stage's DTensors",
+           "torchtitan.distributed.utils.clip_grad_norm_ (pp_mesh) on each stage's FSDP2 model",
            origin="adapter torchtitan", scenarios=("pipeline_stages",), requires=TORCHTITAN, dress=dress_stages,
-           refuses=refuses_stage_layout),
+           backward=backward_stages, refuses=refuses_stage_layout),
 )

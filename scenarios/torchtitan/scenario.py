@@ -1,21 +1,30 @@
-"""A torchtitan-style MoE block: dense parameters FSDP-sharded over every rank, experts on a sparse
-``(efsdp, ep)`` mesh, all as DTensors.
+"""A torchtitan MoE block as torchtitan 0.3.0 lays it out: dense parameters FSDP-sharded over every
+rank, routed experts sharded over ``ep`` and FSDP-sharded over ``efsdp``, all DTensors.
+
+Names follow torchtitan's module tree (``layers.<i>.moe.routed_experts.inner_experts.w1_EFD``), so
+the adapter can hand the model to torchtitan's own ``apply_fsdp_to_decoder``; what that function
+decides, the layouts follow: every parameter of ``inner_experts`` goes to the expert mesh, sharded on
+dim 1 when ``efsdp * ep`` (the world here) exceeds the number of experts and on dim 0 otherwise
+(``_StridedShard(0)`` under EP's ``Shard(0)``: each EP rank's experts cut again over ``efsdp``).
 
 torchtitan's EP clip (``clip_grad_norm_(..., ep_enabled=True)``) splits parameters by whether their
-DTensor mesh has an ``ep`` axis and lets DTensor placements do every reduction. It is exact when the
+DTensor mesh has an ``ep`` axis and lets DTensor placements do every reduction: exact when the
 placements are honest, and only then. Layouts:
 
-* ``honest``: every DTensor placement is the truth (the control).
-* ``placement lies`` (ep > 1): the shared LoRA factor is declared ``Replicate`` on ``ep``, but its
-  gradients differ from EP rank to EP rank (it was never synchronized); DTensor trusts the
-  declaration and each rank counts only its own copy.
-* ``experts without ep dim`` (ep > 1): the experts sit on the ``efsdp`` mesh alone, as FSDP-wrapped
-  expert modules do in xorl/VeOmni; DTensor cannot know about the EP dimension, so each EP rank sees
-  only its own experts.
+* ``honest``: every DTensor placement is the truth (the control). ``shared_lora_A``, a factor
+  ``Replicate`` over ``ep`` inside the experts module, is not in any torchtitan model (its LoRA wraps
+  ``Linear`` layers only): it is there for the next layout, and checks that a replicated sparse
+  DTensor is counted once.
+* ``placement lies`` (ep > 1, synthetic): ``shared_lora_A`` is declared ``Replicate`` on ``ep`` but its
+  gradients differ from EP rank to EP rank (never synchronized); DTensor trusts the declaration and
+  each rank counts only its own copy. No torchtitan configuration builds it (see ``LIES``).
+* ``experts without ep dim`` (ep > 1): the experts are EP-local plain tensors FSDP-wrapped on the
+  ``efsdp`` mesh alone, as VeOmni and xorl wrap them; torchtitan's own parallelize always puts them
+  on ``(efsdp, ep)``. Only a user who hands torchtitan's clip a model parallelized that way meets it.
 
-Where each parameter's DTensor lives is recorded in ``Variant.info`` (a ``DTensorMeshes``: ``DENSE``,
-a 1-D mesh over all ranks; ``SPARSE``, the case mesh; or one axis of it, ``efsdp``); the torchtitan
-adapter builds the DTensors from that and the declared placements.
+Where each parameter lives is recorded in ``Variant.info`` (a ``DTensorMeshes``: ``DENSE``, FSDP over
+every rank; ``SPARSE``, distributed over ``ep`` and FSDP over ``efsdp``; ``efsdp``, FSDP over
+``efsdp`` alone); the adapter builds the model from that and the declared placements.
 """
 
 from __future__ import annotations
@@ -29,12 +38,21 @@ from harness.spec.injection import Injection
 from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
 from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
-NUM_EXPERTS, DIM, HIDDEN, RANK = 8, 16, 8, 32
+NUM_EXPERTS, DIM, RANK = 8, 16, 32
 PREFIX = "layers.0."
+EXPERTS = PREFIX + "moe.routed_experts.inner_experts."
+SHARED = EXPERTS + "shared_lora_A"
 
 DENSE, SPARSE = "dense", "sparse"
 """A DTensor mesh that is not one axis of the case mesh: torchtitan's flat FSDP mesh over all ranks,
 or the case's own (efsdp, ep) mesh."""
+
+LIES = ("no torchtitan configuration declares a placement its gradients contradict: its parallelize "
+        "functions place every parameter from its sharding configs (EP: Shard(0) on ep; FSDP: Shard on "
+        "efsdp or the dense mesh), and every replica's gradient comes from DTensor autograd or FSDP's "
+        "reduce-scatter; its models have no factor replicated over ep inside the experts (LoRA wraps "
+        "Linear layers only)")
+"""Why ``placement lies`` is synthetic for torchtitan."""
 
 
 @dataclass(frozen=True)
@@ -44,26 +62,32 @@ class DTensorMeshes:
     of: Mapping[str, str]
 
 
+def expert_shard_dim(world_size: int) -> int:
+    """The dim torchtitan's ``apply_fsdp_to_decoder`` shards routed experts on over ``efsdp``: 1 when
+    ``efsdp * ep`` exceeds the number of experts, else 0."""
+    return 1 if world_size > NUM_EXPERTS else 0
+
+
 def _layout(world_size: int, ep: int, lying: bool) -> Layout:
     mesh = MeshSpec.of(efsdp=world_size // ep, ep=ep)
     everywhere: dict[str, Any] = {MeshAxis.EFSDP: Shard(0), MeshAxis.EP: Shard(0)}  # FSDP over all ranks: nested dim-0 sharding
     dense_rows = 2 * world_size
-    shared_lead = ep if lying else 1
+    fsdp = Shard(expert_shard_dim(world_size))
     return Layout(mesh, (
         param(PREFIX + "attention.wq.weight", (dense_rows, DIM), **everywhere),
         param(PREFIX + "attention_norm.weight", (dense_rows,), **everywhere),
         param(PREFIX + "moe.router.gate.weight", (dense_rows, DIM), **everywhere),
-        param(PREFIX + "moe.experts.w1", (NUM_EXPERTS, 2 * world_size, HIDDEN), ep=Shard(0), efsdp=Shard(1)),
-        param(PREFIX + "moe.experts.w2", (NUM_EXPERTS, 2 * world_size, DIM), ep=Shard(0), efsdp=Shard(1)),
-        # the shared factor: one [1, d, r] tensor, replicated over ep; "lying" makes it differ per EP rank
-        param(PREFIX + "moe.shared_lora_A", (shared_lead, 2 * world_size, RANK),
-              ep=Shard(0) if lying else Replicate(), efsdp=Shard(1)),
+        param(EXPERTS + "w1_EFD", (NUM_EXPERTS, 2 * world_size, DIM), ep=Shard(0), efsdp=fsdp),
+        param(EXPERTS + "w2_EDF", (NUM_EXPERTS, DIM, 2 * world_size), ep=Shard(0), efsdp=fsdp),
+        # the shared factor: one [d, r] tensor, replicated over ep; "lying" makes it differ per EP rank
+        param(SHARED, ((ep if lying else 1) * 2 * world_size, RANK),
+              ep=Shard(0) if lying else Replicate(), efsdp=fsdp),
     ))
 
 
 class TorchtitanEP(Scenario):
     name = "torchtitan_ep"
-    summary = "torchtitan-style DTensor MoE: dense on an all-rank mesh, experts on (efsdp, ep)"
+    summary = "torchtitan MoE block: dense FSDP over all ranks, routed experts on (efsdp, ep)"
     uses_ep = True
     default_targets = ("torchtitan", "reference")
     default_norm_types = (2.0, float("inf"))
@@ -76,14 +100,12 @@ class TorchtitanEP(Scenario):
             for kind in kinds:
                 layout = _layout(world_size, ep, lying=kind == "placement lies")
                 declared = declared_from_layout(layout)
-                meshes = {}
-                for spec in layout:
-                    meshes[spec.name] = SPARSE if ".moe.experts." in spec.name or "shared" in spec.name else DENSE
+                meshes = {spec.name: SPARSE if spec.name.startswith(EXPERTS) else DENSE for spec in layout}
                 if kind == "placement lies":
-                    declared[PREFIX + "moe.shared_lora_A"][MeshAxis.EP] = Replicate()
+                    declared[SHARED][MeshAxis.EP] = Replicate()
                 if kind == "experts without ep dim":
                     for spec in layout:
-                        if ".moe.experts." in spec.name:
+                        if spec.name.startswith(EXPERTS) and spec.name != SHARED:
                             meshes[spec.name] = MeshAxis.EFSDP
                             declared[spec.name] = {MeshAxis.EFSDP: declared[spec.name][MeshAxis.EFSDP]}
                 out.append(Variant(
@@ -94,5 +116,6 @@ class TorchtitanEP(Scenario):
                     invariance_key=None if kind == "placement lies" else "titan",
                     ep_size=ep,
                     info=DTensorMeshes(meshes),
+                    synthetic=LIES if kind == "placement lies" else None,
                 ))
         return out

@@ -22,8 +22,11 @@ _IMPORT_DEPS = (
     "sentencepiece==0.2.0 tiktoken==0.9.0 Pillow==11.1.0 torchdata==0.11.0 " + HF_STACK
 )
 
+RELEASES = ("0.6.1",)
+"""The newest release on the index is the pin; no other one was run."""
+
 FRAMEWORK = Framework(
     "torchtune", "torchtune.training._distributed", "torchtune",
     f"{_TORCHTUNE} && {_IMPORT_DEPS} (its import needs torchao and Hugging Face datasets)",
     recipe=(_TORCHTUNE, _IMPORT_DEPS),
-)
+    releases=RELEASES)

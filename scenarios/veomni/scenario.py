@@ -16,11 +16,12 @@ Layouts (every one at HSDP ``dp_replicate=2`` too, where the world allows a shar
 * ``experts``: trainable dense weights and experts (the control; right at every ep, HSDP included).
 * ``shared-lora``: the experts' base weights frozen, a shared LoRA on them, its gradients identical
   on every EP rank (what VeOmni's SUM hook produces). Right at every ep.
-* ``shared-lora differing`` (ep > 1): the same, but the shared factors' gradients differ from EP rank
-  to EP rank (the hook never ran: gradients produced or modified outside the module's forward, or a
-  rank-dependent input to the factors). VeOmni still believes them replicated and skips the EP
-  reduction, so every EP rank reports its *own* norm: the ranks disagree and clip by different
-  coefficients (anchors §1.1; xorl's mean-over-EP instead gives one wrong value on every rank).
+* ``shared-lora differing`` (ep > 1), **synthetic**: the same, but the shared factors' gradients differ
+  from EP rank to EP rank. VeOmni's post-accumulate-grad hook SUMs them over EP in every backward, so no
+  training path reaches this; it runs only with ``--synthetic`` (gradients written into ``.grad`` after
+  the setup, the hook never runs), a regression layout for the clip's assumption: it skips the EP
+  reduction for that bucket, so every EP rank would report its *own* norm and the ranks would clip by
+  different coefficients (anchors §1.1; xorl's mean-over-EP instead gives one wrong value on every rank).
 * ``experts nan``: a NaN in an expert gradient on the last EP rank. The L2 path reports NaN on every
   rank; the inf path takes the per-bucket maxima through a MAX all-reduce, and gloo's MAX keeps a NaN
   only when it arrives first (rank 0), so every rank reports a finite norm without that rank's experts.
@@ -59,6 +60,10 @@ LORA = {
     "up_proj": ((LORA_RANK, HIDDEN), (INTERMEDIATE, LORA_RANK)),
     "down_proj": ((LORA_RANK, INTERMEDIATE), (HIDDEN, LORA_RANK)),
 }
+DIFFERING_SYNTHETIC = (
+    "LoraSharedExperts installs a post-accumulate-grad hook at its first forward that SUMs each shared factor's "
+    "gradient over the EP group in every backward, so VeOmni's clip never sees shared-factor gradients that differ "
+    "between EP ranks")
 EXPERTS_KIND, LORA_KIND, DIFFERING_KIND, NAN_KIND = "experts", "shared-lora", "shared-lora differing", "experts nan"
 
 
@@ -147,4 +152,5 @@ class VeomniEP(Scenario):
             invariance_key=key,
             ep_size=ep,
             info=VeomniSetup(replicate, shard, ep, lora),
+            synthetic=DIFFERING_SYNTHETIC if differing else None,
         )

@@ -1,4 +1,8 @@
-"""xorl: not on the package index (the PyPI 'xorl' is another project), so no recipe CI can run."""
+"""xorl: not on the package index (the PyPI 'xorl' is another project), so no recipe CI can run.
+
+Checked at togethercomputer/xorl 4d8c620b26ae (2026-08-22; its ``src/`` on ``PYTHONPATH``, Python 3.11,
+torch 2.13 CPU, transformers 5.18, with einops, triton 3.6.0, torchdata and psutil), the newest snapshot
+available here; xorl has no releases. Its version string there is ``25.10.17.dev1``."""
 
 from harness.targets.frameworks import Framework
 

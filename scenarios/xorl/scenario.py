@@ -5,7 +5,7 @@ sharded over ``ep``; every parameter it does not list gets a fallback ``Replicat
 the clip reads that placement as proof of EP replication. Such parameters go to an ``ep_replicated``
 bucket whose p-th power sum is SUMmed over ``ep`` and divided by ``ep_world`` (a mean, right only for
 true replicas). When the plan omits the per-expert LoRA factors, every rank holds *different*
-experts' factors, and the norm comes out 1/sqrt(ep_size) too small.
+gradients for them, and the norm comes out 1/sqrt(ep_size) too small.
 
 Modelled here, in our own code (nothing of xorl's is used):
 
@@ -21,9 +21,22 @@ Modelled here, in our own code (nothing of xorl's is used):
 * two clips: ``xorl-style`` (Replicate => ep_replicated) and ``xorl-style-fixed`` (the seed's fix:
   Replicate *and* a local leading dim of 1).
 
+What real xorl builds (its trainer: the model at global shapes on meta, LoRA injected at global shape,
+then ``ParallelPlan.apply`` slices the *listed* patterns to EP-local shape): under ``minimax_m3``'s
+plan the per-expert factors are never sliced, so each EP rank holds a full ``[E, ...]`` copy whose
+gradient is its own (its own experts' tokens; nothing sums them over EP). The ``minimax_m3
+hybrid_shared=False`` layouts at ep > 1 are built that way (logical ``[ep * E, ...]``, ``Shard(0)`` on
+``ep``): the seed's 1/sqrt(ep) is the same. The ``minimax_m3 hybrid_shared=True`` layouts keep the
+seed's construction (per-expert factors at EP-local shape, shared factors identical over ``ep``), a
+layout real xorl never builds (there its shared factors get the fallback ``Replicate`` without an EP
+sum, so their gradients differ per EP rank too): the ``xorl`` target refuses them.
+
 A further variant builds the adapter with one local expert per rank (``num_experts == ep_size``):
 the per-expert factors then have local leading dim 1, so even the complete plan declares them
 Replicate, and the seed's fix, which keys on the same leading dim, cannot tell them from shared ones.
+That is the seed's construction order (the adapter built at EP-local shape); real xorl builds the
+factors at global shape (leading dim ``ep_size``), its plan slices them (``Shard``), and its clip is
+exact on that variant.
 """
 
 from __future__ import annotations
@@ -91,8 +104,12 @@ def _factor_shape(name: str, experts: int, hybrid_shared: bool) -> tuple[int, in
     return (lead, *inner)
 
 
-def adapter_layout(ep_size: int, ep_fsdp: int, experts: int, hybrid_shared: bool) -> Layout:
-    """The true layout: per-expert tensors Shard(0) on ep, shared ones Replicate; FSDP Shard(1)."""
+def adapter_layout(ep_size: int, ep_fsdp: int, experts: int, hybrid_shared: bool,
+                   unsliced_factors: bool = False) -> Layout:
+    """The true layout: per-expert tensors Shard(0) on ep, shared ones Replicate; FSDP Shard(1).
+
+    ``unsliced_factors``: the LoRA factors stay at global shape on every EP rank, each rank's gradient
+    its own (xorl under a plan that does not list them): logical ``[ep * lead, ...]``, Shard(0) on ep."""
     mesh = MeshSpec.of(ep=ep_size, ep_fsdp=ep_fsdp)
     specs = [
         param(PREFIX + "gate_up_proj", (experts, HIDDEN, 2 * INTERMEDIATE), trainable=False,
@@ -102,9 +119,19 @@ def adapter_layout(ep_size: int, ep_fsdp: int, experts: int, hybrid_shared: bool
     ]
     for name in LORA_FACTORS:
         shape = _factor_shape(name, experts, hybrid_shared)
+        if unsliced_factors:
+            shape = (ep_size * shape[0], *shape[1:])
         on_ep = Replicate() if shape[0] == 1 else Shard(0)
         specs.append(param(PREFIX + name, shape, ep=on_ep, ep_fsdp=Shard(1)))
     return Layout(mesh, tuple(specs))
+
+
+def plan_leaves_factors_unsliced(plan: str, hybrid_shared: bool, ep_size: int) -> bool:
+    """Whether the variant's LoRA factors are the global-shape copies real xorl builds under ``plan``:
+    its plan slices only the patterns it lists, and ``minimax_m3``'s lists no LoRA factor (the hybrid
+    layouts keep the seed's construction, see the module docstring)."""
+    lists_factors = all(any(fnmatch.fnmatchcase(PREFIX + n, p) for p in EP_PLANS[plan]) for n in LORA_FACTORS)
+    return ep_size > 1 and not hybrid_shared and not lists_factors
 
 
 def apply_ep_plan(layout: Layout, patterns: Iterable[str]) -> dict[str, dict[str, Placement]]:
@@ -143,7 +170,8 @@ class XorlEPLoRA(Scenario):
         return out
 
     def _variant(self, ep: int, world: int, experts: int, plan: str, hybrid: bool, injection: Injection) -> Variant:
-        layout = adapter_layout(ep, world // ep, experts, hybrid)
+        unsliced = plan_leaves_factors_unsliced(plan, hybrid, ep)
+        layout = adapter_layout(ep, world // ep, experts, hybrid, unsliced_factors=unsliced)
         label = f"{layout.describe()} plan={plan} hybrid_shared={hybrid}"
         if experts != NUM_EXPERTS:
             label += f" experts={experts} (1 per ep rank)"
@@ -152,7 +180,8 @@ class XorlEPLoRA(Scenario):
             layout=layout,
             injection=injection,
             declared=apply_ep_plan(layout, EP_PLANS[plan]),
-            invariance_key=f"xorl-lora-E{experts}-hybrid{hybrid}",
+            # unsliced factors are another logical model at each ep (ep copies of the experts' factors)
+            invariance_key=None if unsliced else f"xorl-lora-E{experts}-hybrid{hybrid}",
             ep_size=ep,
             info=XorlSetup(plan, hybrid, experts),
         )
@@ -205,4 +234,5 @@ XorlEPLoRA.targets = {
     )
 }
 
-__all__ = ["XorlEPLoRA", "adapter_layout", "apply_ep_plan", "xorl_style_clip", "xorl_style_fixed_clip"]
+__all__ = ["XorlEPLoRA", "adapter_layout", "apply_ep_plan", "plan_leaves_factors_unsliced", "xorl_style_clip",
+           "xorl_style_fixed_clip"]
