@@ -22,6 +22,7 @@ def forget_blame() -> None:
     """Runs on every rank of the pool: a new plan starts, so no weighing of an earlier one is reused
     (a warm world outlives plans, and the same target name may now be another function)."""
     current_world().blamed.clear()
+    current_world().honest.clear()
 
 
 def _last_line(result: RankResult) -> str:

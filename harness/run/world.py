@@ -136,6 +136,7 @@ class DistWorld:
         self.truth_cache = TruthCache()
         self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
         self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
+        self.honest: dict[BlameKey, bool] = {}  # rank 0: whether a lying-plan case passed on the honest plan
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
