@@ -19,6 +19,14 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 """0 every case passed; 1 a case or metamorphic group failed, or a harness error; 2 bad input;
 3 a rank hung or died, or some planned case was not judged."""
 
+EXIT_STATUSES = {
+    EXIT_PASS: "every case passed",
+    EXIT_FAIL: "a case or metamorphic group failed, or a harness error",
+    EXIT_USAGE: "bad input (said in one line, before any process starts)",
+    EXIT_BROKEN: "a rank hung or died, or a planned case was not judged",
+}
+"""What each exit status means, the same for every command (``clipcheck --help`` lists them)."""
+
 
 def is_unjudged(record: Mapping[str, Any]) -> bool:
     return record.get("verdict") == "ERROR" and any(name in UNJUDGED_CHECKS for name in record.get("checks", {}))
