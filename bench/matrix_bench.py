@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import fuzz  # noqa: E402
-from harness.spec.matrix import MatrixSpec  # noqa: E402
-from harness.spec.plan import plan_cases  # noqa: E402
+from harness.cases.matrix import MatrixSpec  # noqa: E402
+from harness.cases.plan import plan_cases  # noqa: E402
 from harness.run.pool import RankPool  # noqa: E402
 from harness.run.on_pool import run_case_on_pool  # noqa: E402
 

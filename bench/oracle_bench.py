@@ -44,7 +44,7 @@ import torch.distributed as dist  # noqa: E402
 from harness.run import replicas  # noqa: E402
 from harness.run.measure import bit_words, digests_for_truth, gather_stats, pre_call_replication  # noqa: E402
 from harness.run.pool import RankPool, current_world  # noqa: E402
-from harness.spec.layout import MeshSpec  # noqa: E402
+from harness.cases.layout import MeshSpec  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 PARAMS = 4

@@ -1,7 +1,7 @@
 # examples/my_clip.py -- run with: torchrun --nproc_per_node=4 -m harness --target examples/my_clip.py:clip
 import torch, torch.distributed as dist
 import harness
-from harness.spec.layout import Shard
+from harness.cases.layout import Shard
 
 def clip(model, *, max_norm, norm_type=2.0):
     ctx = harness.context(model)

@@ -23,8 +23,8 @@ from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_re
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.targets.loading import load_object
-from harness.spec.matrix import spec_from_mapping
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.matrix import spec_from_mapping
+from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
 from harness.report.reporter import Reporter
@@ -92,7 +92,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
           seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
-          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto") -> CheckReport:
+          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto", plans: str = "all") -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
@@ -102,8 +102,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards.
     ``blame``: for a case with a wrong norm, the weight the target gives each parameter group (each
     record's ``blame``; printed under the case): ``"auto"`` (the default) once per layout, target, norm
-    and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never."""
-    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
+    and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
+    (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``)."""
+    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed, "plans": plans}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
                        ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
         if value is not None:
@@ -127,11 +128,11 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
             runnable.append(world)
     if not runnable:
         raise ClipcheckInputError("nothing to run" + "".join(f"; {line}" for line in report.skipped))
-    plans = {world: plan_cases(spec, world, backend) for world in runnable}  # every input error first
+    planned = {world: plan_cases(spec, world, backend) for world in runnable}  # every input error first
     out = io.StringIO()
     for line in report.skipped:
         print(f"skipped: {line}", file=out)
-    for world, plan in plans.items():
+    for world, plan in planned.items():
         given = (pools or {}).get(world)
         pool = given or RankPool(world, backend=backend, timeout_s=timeout_s, import_main=False)
         try:

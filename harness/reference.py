@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from harness.clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
-from harness.spec.context import context
+from harness.cases.context import context
 
 
 def reference_partial(model: nn.Module, norm_type: float) -> tuple[list[tuple[str, nn.Parameter]], float]:

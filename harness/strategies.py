@@ -42,12 +42,12 @@ from typing import Any, Callable, TypeVar, cast
 
 from hypothesis import strategies as st
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import DeclaredPlan, Variant
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
-from harness.spec.constructive import variant_truth
-from harness.spec.scenario import Scenario, ScenarioOptions
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import DeclaredPlan, Variant
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
+from harness.cases.constructive import variant_truth
+from harness.cases.scenario import Scenario, ScenarioOptions
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
 NORM_TYPES = (2.0, 1.0, math.inf, 3.0)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions
 
 WIDTH, LAYERS = 16, 3
 REPLICA_SIZES = (1, 2)  # dp_replicate and cp sizes tried, where they divide the world

@@ -203,7 +203,7 @@ def drops_later_stages(model, *, max_norm, norm_type=2.0):
     so every later stage is left out; linear in the groups, not a MAX of stage norms."""
     import harness
     from harness.clipmath import reduce_root_and_clip, weighted_partial
-    from harness.spec.axes import MeshAxis
+    from harness.cases.axes import MeshAxis
 
     ctx = harness.context(model)
     params = trainable_with_grads(model)

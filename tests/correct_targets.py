@@ -22,7 +22,7 @@ import torch.nn as nn
 
 import harness
 from harness.clipmath import EPS, collective_device, local_tensor
-from harness.spec.layout import Replicate
+from harness.cases.layout import Replicate
 
 TORCH_NONFINITE_MESSAGE = (
     "The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "

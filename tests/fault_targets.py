@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from harness.reference import clip_grad_norm as reference
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions
 from harness.targets.frameworks import Framework
 from harness.targets.target import Target
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness_runs import ROOT
 
-STEPS = {"spec", "targets", "run", "judge", "report", "commands"}
+STEPS = {"cases", "targets", "run", "judge", "report", "commands"}
 PUBLIC_FACES = {"__init__", "__main__", "api", "fuzz", "strategies", "pytest_plugin", "errors", "reference",
                 "clipmath"}
 
@@ -88,6 +88,13 @@ def test_the_import_graph_has_no_circle():
     assert cycles(import_graph()) == []
 
 
+def test_the_judges_modules_share_their_record_types_instead_of_importing_each_other():
+    graph = import_graph()
+    assert "harness.judge.blame" not in graph["harness.judge.checks"]
+    assert "harness.judge.checks" not in graph["harness.judge.blame"]
+    assert {"harness.judge.records"} <= graph["harness.judge.checks"] & graph["harness.judge.blame"]
+
+
 def test_the_cycle_finder_finds_one():  # its positive control
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -100,11 +107,12 @@ def test_every_module_is_a_public_face_or_in_the_folder_of_its_step():
 
 
 def test_the_steps_depend_downwards_only():
-    """spec knows nothing of running, judging or reporting; the judge neither reports nor runs a
-    command; nothing but commands (and the public faces) imports commands. The runner may report:
-    rank 0 writes each record as its case ends."""
+    """cases knows nothing of running, judging or reporting; the judge neither reports nor runs a
+    command, and reads the measurements without knowing how they were taken (their types live in
+    judge/records, which the runner imports); nothing but commands (and the public faces) imports
+    commands. The runner may report: rank 0 writes each record as its case ends."""
     graph = import_graph()
-    forbidden = {"spec": {"run", "judge", "report", "commands"}, "judge": {"commands", "report"},
+    forbidden = {"cases": {"run", "judge", "report", "commands"}, "judge": {"commands", "report", "run"},
                  "run": {"commands"}, "report": {"commands"}, "targets": {"commands", "report"}}
     bad = []
     for module, deps in graph.items():
@@ -147,8 +155,8 @@ def test_mesh_axes_are_named_in_one_place():
 
 
 def test_every_built_in_scenario_names_its_axes_from_mesh_axis():
-    from harness.spec.axes import MeshAxis
-    from harness.spec.scenario import ScenarioOptions
+    from harness.cases.axes import MeshAxis
+    from harness.cases.scenario import ScenarioOptions
     from harness.targets.builtin_scenarios import scenarios_package
 
     names = set()
@@ -157,3 +165,24 @@ def test_every_built_in_scenario_names_its_axes_from_mesh_axis():
             for variant in scenario().variants(world, ScenarioOptions()):
                 names |= set(variant.layout.mesh.names)
     assert names and names <= {a.value for a in MeshAxis}, names - {a.value for a in MeshAxis}
+
+
+def test_the_renamed_spec_package_still_imports_as_the_same_modules():
+    """``harness.spec`` became ``harness.cases`` (its ``case`` module ``variant``): old imports in users'
+    scenarios keep working, warn, and get the very same module objects (one class identity)."""
+    import importlib
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "try:\n    import harness.spec.layout\nexcept DeprecationWarning as w:\n    print('warned:', w)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "warned: harness.spec is now harness.cases" in out.stdout, out.stderr
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old_variant = importlib.import_module("harness.spec.case")
+        old_layout = importlib.import_module("harness.spec.layout")
+    assert old_variant is importlib.import_module("harness.cases.variant")
+    assert old_layout is importlib.import_module("harness.cases.layout")

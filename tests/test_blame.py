@@ -13,7 +13,7 @@ from harness.api import check
 from harness.judge.blame import describe_weight, group_name, group_only, parameter_groups
 from harness.targets.mutants.catalogue import CATALOGUE
 from harness.targets.registry import builtin_scenarios
-from harness.spec.scenario import ScenarioOptions
+from harness.cases.scenario import ScenarioOptions
 
 WORLD = 4
 ONE_CASE_EACH = dict(dtypes=["fp32"], norm_types=["2"], clip_ratios=[0.5])
@@ -54,7 +54,7 @@ def test_groups_fold_indices_and_the_sub_case_zeroes_the_rest():
     variant = builtin_scenarios()["deepspeed_autoep"].variants(WORLD, ScenarioOptions())[0]
     groups = parameter_groups([s.name for s in variant.layout.trainable])
     assert list(groups) == ["dense.weight", "moe.gate.weight", "moe.experts.*.weight"]
-    from harness.spec.case import CaseSpec
+    from harness.cases.variant import CaseSpec
 
     case = CaseSpec(0, "deepspeed_autoep", variant, "reference", 2.0, 1.0)
     sub = group_only(case, groups["moe.experts.*.weight"])

@@ -15,8 +15,8 @@ import pytest
 
 from harness.scenarios.colossalai import FRAMEWORK as COLOSSALAI
 from harness.scenarios.colossalai.scenario import EXPERT_PREFIX, moe_layout
-from harness.spec.injection import Injection
-from harness.spec.model import local_grad
+from harness.cases.injection import Injection
+from harness.cases.model import local_grad
 from harness_runs import failed, run_harness
 from repro_runs import run_repro
 

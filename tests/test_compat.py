@@ -21,7 +21,7 @@ def test_every_fail_is_a_known_report_a_new_finding_or_unexplained():
     explained = {(r[1], r[3], r[4]): r[-1] for r in rows}
     assert explained[("torchtune", "dp=1 tp=2 tp base plan", "L2")].startswith("meta-pytorch/torchtune #2420")
     assert explained[("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 shared-lora differing", "L2")].startswith(
-        "synthetic regression layout: VeOmni skips the EP reduction")
+        "synthetic regression layout: VeOmni's clip skips the EP reduction")
     assert "fmaxf" in explained[("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts nan", "Linf")]
     assert explained[("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts nan", "L2")].startswith("unexplained")
     assert explained[("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts", "L2")] == "-"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
 from harness.fuzz import describe, fuzz
-from harness.spec.injection import local_grad
-from harness.spec.layout import box_contains, unravel
+from harness.cases.injection import local_grad
+from harness.cases.layout import box_contains, unravel
 from harness.targets.mutants.catalogue import FUZZ_BUDGET, FUZZ_WORLD
-from harness.spec.blob import decode, encode
+from harness.cases.blob import decode, encode
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 
@@ -78,7 +78,7 @@ def test_reused_strategy_objects_draw_what_fresh_ones_draw(monkeypatch, world_si
 def test_strategies_still_take_unhashable_arguments():
     """A caller's list (not a tuple) of parameter kinds gets a fresh strategy instead of a TypeError
     from the cache of reused ones."""
-    from harness.spec.layout import MeshSpec
+    from harness.cases.layout import MeshSpec
     from harness.strategies import param_specs
 
     spec = find(param_specs(MeshSpec.of(fsdp=1, ep=2, tp=1), 0, 2, None, ["dense"]), lambda p: True)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from harness.spec.injection import Injection, local_grad, logical_grad
-from harness.spec.layout import Layout, LayoutError, MeshSpec, Shard, param
+from harness.cases.injection import Injection, local_grad, logical_grad
+from harness.cases.layout import Layout, LayoutError, MeshSpec, Shard, param
 from harness.run.measure import bit_words
-from harness.spec.constructive import constructive_norm
-from harness.spec.values import box_values, full_box, logical_values, magnitude, stream_key, uniform_from_indices
+from harness.cases.constructive import constructive_norm
+from harness.cases.values import box_values, full_box, logical_values, magnitude, stream_key, uniform_from_indices
 import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
 from harness.scenarios.deepspeed.scenario import autoep_layout
 from harness.scenarios.xorl.scenario import adapter_layout
@@ -134,7 +134,7 @@ def test_full_box_covers_shape():
 def test_parameter_values_are_a_fresh_tensor_each_time(shape):
     """A target that scales its parameters writes into the tensor it was given: the next model built
     with the same shape must still get the pattern (1, 1.125, ..., 1.875), not the scaled values."""
-    from harness.spec.model import parameter_values
+    from harness.cases.model import parameter_values
 
     first = parameter_values(shape, torch.float32, torch.device("cpu"))
     first.mul_(3.0)

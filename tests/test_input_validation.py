@@ -12,10 +12,10 @@ import pytest
 from hypothesis.errors import NonInteractiveExampleWarning
 
 from harness.errors import ClipcheckError, ClipcheckInputError
-from harness.spec.layout import LayoutError
-from harness.spec.matrix import MatrixSpec, spec_from_mapping
-from harness.spec.plan import plan_cases
-from harness.spec.blob import MAX_WORLD, UsageError, decode, decode_trusted, encode
+from harness.cases.layout import LayoutError
+from harness.cases.matrix import MatrixSpec, spec_from_mapping
+from harness.cases.plan import plan_cases
+from harness.cases.blob import MAX_WORLD, UsageError, decode, decode_trusted, encode
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from harness.spec.case import CaseSpec, Variant, declared_from_layout
+from harness.cases.variant import CaseSpec, Variant, declared_from_layout
 from harness.judge.checks import CHECKS, Judgement, evaluate
 from harness.run.effects import rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
-from harness.spec.injection import Injection, local_grad
-from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
+from harness.cases.injection import Injection, local_grad
+from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
 from harness.run.measure import Replication, StatsTable
 from harness.judge.truth import declared_norm, measured_norm
-from harness.spec.constructive import constructive_norm
+from harness.cases.constructive import constructive_norm
 from harness.judge.signatures import Evidence, explain, replica_factor
 
 
@@ -447,7 +447,7 @@ def test_the_uniformity_bound_grows_with_the_fit_at_fp64_and_stays_tight_elsewhe
 
 @pytest.mark.parametrize("dtype", ["fp64", "fp32", "fp16", "bf16"])
 def test_a_correctly_clipped_large_gradient_passes_at_every_dtype_and_a_slipped_one_fails(dtype):
-    from harness.spec.injection import DTYPES
+    from harness.cases.injection import DTYPES
 
     layout = Layout(MeshSpec.of(dp=2), (param("a", (64, 64), dp=Shard(0)), param("b", (4096,))))
     case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=5, dtype=dtype),

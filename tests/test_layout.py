@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.spec.layout import Layout, LayoutError, MeshSpec, Replicate, Shard, param
-from harness.spec.scenario import ep_sizes_for
+from harness.cases.layout import Layout, LayoutError, MeshSpec, Replicate, Shard, param
+from harness.cases.scenario import ep_sizes_for
 import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)
 from harness.scenarios.deepspeed.scenario import autoep_layout
 from harness.scenarios.xorl.scenario import adapter_layout, apply_ep_plan, EP_PLANS, PREFIX
@@ -109,8 +109,8 @@ def test_a_variants_info_is_read_back_as_its_frameworks_own_type():
     """Scenario and adapter share typed objects, not string keys; the wrong kind is a clear error."""
     from dataclasses import dataclass
 
-    from harness.spec.case import Variant, declared_from_layout
-    from harness.spec.injection import Injection
+    from harness.cases.variant import Variant, declared_from_layout
+    from harness.cases.injection import Injection
 
     @dataclass(frozen=True)
     class Wrapping:

@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness.report.junit import junit_xml
-from harness.spec.layout import LayoutError
-from harness.spec.matrix import MatrixSpec, load_matrix, spec_from_mapping
-from harness.spec.plan import UsageError, plan_cases
+from harness.cases.layout import LayoutError
+from harness.cases.matrix import MatrixSpec, load_matrix, spec_from_mapping
+from harness.cases.plan import UsageError, plan_cases
 from harness_runs import run_cli
 
 

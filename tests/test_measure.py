@@ -22,7 +22,7 @@ import torch.distributed as dist
 from harness.run import replicas
 from harness.run.measure import Replication, bits_digest, from_digests, gather_stats, measure_replication, merged
 from harness.run.pool import current_world
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 
 MESH = MeshSpec.of(a=2, b=2)
 

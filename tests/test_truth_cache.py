@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from harness.spec.matrix import MatrixSpec
-from harness.spec.plan import plan_cases
+from harness.cases.matrix import MatrixSpec
+from harness.cases.plan import plan_cases
 from harness.run.truth_cache import TruthCache, same_bits
 
 

@@ -22,7 +22,7 @@ from harness.judge.checks import unjudged_result
 from harness.report.html import compact_summary, render_html
 from harness.report.junit import junit_xml
 from harness.report.reporter import Reporter, case_json
-from harness.spec.blob import MAX_ELEMENTS, UsageError, case_spec, decode, encode, replay_command
+from harness.cases.blob import MAX_ELEMENTS, UsageError, case_spec, decode, encode, replay_command
 from harness.strategies import drawn_cases
 from harness_runs import harness_env, run_cli
 

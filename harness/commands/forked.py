@@ -37,7 +37,7 @@ from typing import IO, Any, Callable, Sequence
 import torch
 
 from harness.run.family import die_with_parent, end_descendants, keep_together
-from harness.spec.plan import Plan
+from harness.cases.plan import Plan
 
 
 def fork_problem(backend: str, spawn_requested: bool) -> str | None:

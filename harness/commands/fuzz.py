@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Sequence
 
+from harness.cases.matrix import PLAN_PROFILES
 from harness.commands.options import print_error, unwritable
 from harness.fuzz import FuzzReport, describe, fuzz, fuzz_record
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_NOTHING_JUDGED, EXIT_PASS, EXIT_USAGE, worst
@@ -33,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=100, help="examples per target (default 100)")
     p.add_argument("--world", type=int, default=4, help="ranks in the warm world (default 4)")
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
+    p.add_argument("--plans", choices=PLAN_PROFILES, default="all",
+                   help="all (default): drawn plans may lie about placements; honest: each drawn plan replaced by "
+                        "the truth (is a plan-trusting clip's arithmetic right?)")
     p.add_argument("--no-shrink", action="store_true", help="report the first failure as found")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may block (default 30)")
@@ -71,7 +75,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"clipcheck fuzz: a world of {args.world} rank(s) started in {time.perf_counter() - started:.1f} s",
                   flush=True)
             for t in targets:
-                report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
+                report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink, plans=args.plans)
                 status = worst(status, target_status(report))
                 print("\n".join(describe(report)), flush=True)
                 if records is not None:  # as each target finishes: an interrupted run keeps what it found

@@ -55,7 +55,7 @@ from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.startup import preload_frameworks
 from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.plan import Plan, plan_cases
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

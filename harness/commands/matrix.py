@@ -44,7 +44,7 @@ from harness.report.html import compact_summary, write_html
 from harness.report.results_file import report_problems, write_records
 from harness.report.safe_text import one_line
 from harness.judge.metamorphic import metamorphic_groups
-from harness.spec.plan import Plan, UsageError, plan_cases
+from harness.cases.plan import Plan, UsageError, plan_cases
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, read_records
 from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, \

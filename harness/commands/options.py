@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.report.safe_text import one_line
 from harness.judge.blame import BLAME_MODES
-from harness.spec.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
+from harness.cases.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
 
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""``clipcheck --replay BLOB``: run the one case a fuzz failure printed (the blob: ``harness.spec.blob``),
+"""``clipcheck --replay BLOB``: run the one case a fuzz failure printed (the blob: ``harness.cases.blob``),
 under torchrun at the world size it needs, or on a world of ranks started for it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Sequence
 
 from harness.run.devices import world_problem
 from harness.run.world import default_backend
-from harness.spec.blob import case_spec, decode_trusted
-from harness.spec.plan import Plan, UsageError
+from harness.cases.blob import case_spec, decode_trusted
+from harness.cases.plan import Plan, UsageError
 from harness.strategies import DrawnScenario
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target

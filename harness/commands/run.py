@@ -32,7 +32,7 @@ from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
 from harness.commands.options import add_selection_options, print_error, quiet_torch_warnings, \
     results_files_problem, spec_from_args
-from harness.spec.plan import Plan, plan_cases
+from harness.cases.plan import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
 from harness.report.reporter import Reporter

@@ -17,14 +17,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from harness.spec.case import CaseSpec, bound_label
+from harness.judge.records import CaseResult, GroupWeight
+from harness.cases.variant import CaseSpec, bound_label
 
 
-if TYPE_CHECKING:
-    from harness.judge.checks import CaseResult
 
 BlameKey = tuple[str, str, str, str, str, float, str]
 
@@ -40,20 +38,11 @@ ADDITIVE_RTOL = 1e-3
 called non-linear in them (well above the fp32/bf16 rounding of a norm^p, well below a counting bug)."""
 
 
-@dataclass(frozen=True)
-class GroupWeight:
-    group: str
-    """Parameter names with their numeric path components as ``*`` (``layers.*.experts.lora_A``)."""
-    params: int
-    weight: float | None
-    """reported^p / true^p with gradients in this group only; None when it cannot be attributed."""
-    note: str = ""
-    """Why it could not be attributed, or the declared-vs-measured contradiction of its parameters."""
-
-    def line(self, tolerance: float) -> str:
-        what = self.note if self.weight is None else describe_weight(self.weight, tolerance)
-        extra = f" ({self.note})" if self.weight is not None and self.note else ""
-        return f"{self.group}: {what}{extra}"
+def weight_line(group: GroupWeight, tolerance: float) -> str:
+    """One group's weight in words: ``layers.*.lora_A: counted 1/4 of its true weight (...)``."""
+    what = group.note if group.weight is None else describe_weight(group.weight, tolerance)
+    extra = f" ({group.note})" if group.weight is not None and group.note else ""
+    return f"{group.group}: {what}{extra}"
 
 
 def group_name(param: str) -> str:
@@ -141,7 +130,7 @@ def blame_key(case: CaseSpec) -> BlameKey:
             case.injection.dtype)
 
 
-def reuse_blame(blamed: Mapping[BlameKey, "CaseResult"], result: "CaseResult") -> bool:
+def reuse_blame(blamed: Mapping[BlameKey, CaseResult], result: CaseResult) -> bool:
     """Give ``result`` the weighing of an earlier case of this launch with the same ``blame_key``, when
     the target reported exactly the same norms there (bit for bit: the clip's norm did not depend on
     the bound, so neither do its groups' norms), saying which case it was weighed on; True when it
@@ -172,7 +161,7 @@ def blame_summary(result: CaseResult) -> str | None:
     held = [g for g in result.blame if g.note != NO_GRADIENT]
     off = sorted((g for g in held if g.weight is None or abs(g.weight - 1) > tolerance),
                  key=lambda g: g.weight is None)  # the weighed ones first: they say what is wrong
-    parts = [g.line(tolerance) for g in off[:2]]
+    parts = [weight_line(g, tolerance) for g in off[:2]]
     if len(off) > 2:
         parts.append(f"+{len(off) - 2} more groups off")
     once = len(held) - len(off)
@@ -192,7 +181,7 @@ def blame_lines(result: CaseResult) -> list[str]:
     tolerance = blame_tolerance(result.tolerance)
     whose = [f"weights as rank {result.blame_rank} reports them (the rank farthest from the true norm)"] \
         if result.blame_rank else []
-    return whose + [g.line(tolerance) for g in result.blame] + ([result.blame_note] if result.blame_note else [])
+    return whose + [weight_line(g, tolerance) for g in result.blame] + ([result.blame_note] if result.blame_note else [])
 
 
 def describe_weight(weight: float, tolerance: float) -> str:

@@ -25,20 +25,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence, cast
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.clipmath import clip_coefficient
-from harness.spec.layout import MeshSpec, Replicate, Shard
-from harness.run.measure import Replication, StatsTable
+from harness.cases.layout import MeshSpec, Replicate, Shard
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
-from harness.judge.records import Verdict
+from harness.judge.records import CaseResult, Check, Replication, StatsTable, Verdict
 from harness.judge.signatures import Evidence, explain, holds_on
 from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
 
-if TYPE_CHECKING:
-    from harness.judge.blame import GroupWeight
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
 
@@ -49,52 +46,6 @@ def tolerance(dtype: str, elements: int = 1) -> float:
 
 
 # -- on rank 0 -----------------------------------------------------------------------------------------
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    detail: str = ""
-
-
-@dataclass
-class CaseResult:
-    case: CaseSpec
-    verdict: Verdict  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
-    truth: float
-    measured_truth: float
-    reported: list[float | None]
-    checks: list[Check]
-    signature: list[str]
-    placements: dict[str, str]
-    mismatches: list[str]
-    coefficient: float | None
-    seconds: float
-    errors: list[str | None] = field(default_factory=list)
-    param_mismatches: dict[str, list[str]] = field(default_factory=dict)
-    """Per parameter, its declared-vs-measured contradictions (``mismatches`` groups them)."""
-    blame: list[GroupWeight] = field(default_factory=list)
-    """The weight the target gave each parameter group (``harness.run.blame``), when asked."""
-    blame_note: str = ""
-    blame_rank: int = 0
-    """The rank whose reports the blame weighs."""
-    tolerance: float = 0.0
-    """The relative tolerance its norm was judged with (``harness.judge.tolerance``): 0 when unjudged."""
-    evidence: Evidence | None = field(default=None, repr=False, compare=False)
-    """What the signature was read from, kept for a second reading once the blame is known."""
-    """Why the weights do not add up to the full case, when they do not."""
-
-    @property
-    def ratio(self) -> float | None:
-        r = self.reported[0] if self.reported else None
-        if r is None or not math.isfinite(self.truth) or self.truth == 0:
-            return None
-        return r / self.truth
-
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if not c.passed]
-
-
 def placement_mismatches(
     declared: Mapping[str, Mapping[str, object]],
     replication: Replication,

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol
 from harness.judge.truth import norms_agree
-from harness.spec.case import bound_label
+from harness.cases.variant import bound_label
 
 
 @dataclass

@@ -9,7 +9,13 @@ fields are declared once here. Numbers that may be non-finite are written as the
 from __future__ import annotations
 
 import json
-from typing import Iterable, Literal, TypeAlias, TypedDict, cast
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Mapping, Sequence, TypeAlias, TypedDict, cast
+
+from harness.clipmath import combine, root
+from harness.cases.variant import CaseSpec
+from harness.cases.layout import MeshSpec
 
 JsonNumber: TypeAlias = "float | int | str | None"
 """A number as written: finite floats as themselves, non-finite ones as "nan"/"inf"/"-inf"."""
@@ -184,3 +190,133 @@ def case_records(records: Iterable[Record]) -> list[CaseRecord]:
 def metamorphic_records(records: Iterable[Record]) -> list[MetamorphicRecord]:
     """The metamorphic group records among ``records`` (in order)."""
     return [cast(MetamorphicRecord, r) for r in records if r.get("type") == "metamorphic"]
+
+
+# -- in memory: what the runner measures and the judge reads, one home for both ---------------------------
+@dataclass
+class StatsTable:
+    """Per-rank, per-parameter statistics, identical on every rank after one all-reduce.
+
+    ``numel`` is -1 where a rank has no gradient for the parameter (absent or ``None``).
+    ``pow_sum`` is sum |g|^p (max |g| for the inf norm) of the rank's local gradient.
+    ``digests``: each rank's ``bits_digest`` per parameter (None where absent), when asked for.
+    """
+
+    names: list[str]
+    numel: list[list[int]]
+    itemsize: list[list[int]]
+    pow_sum: list[list[float]]
+    digests: list[dict[str, str | None]] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.numel)
+
+    def present(self, rank: int, j: int) -> bool:
+        return self.numel[rank][j] >= 0
+
+    def local_norms(self, norm_type: float) -> list[float]:
+        """Each rank's norm of everything it holds, with no cross-rank reduction."""
+        out = []
+        for r in range(self.world_size):
+            total = 0.0
+            for j in range(len(self.names)):
+                if self.present(r, j):
+                    total = combine(total, self.pow_sum[r][j], norm_type)
+            out.append(root(total, norm_type))
+        return out
+
+
+@dataclass
+class Replication:
+    """Measured replication: ``distinct[axis][name]`` is True when some group of ``axis`` saw a spread."""
+
+    distinct: dict[str, dict[str, bool]]
+
+    def replicated_axes(self, name: str, mesh: MeshSpec) -> frozenset[str]:
+        return frozenset(a for a in mesh.names if not self.distinct.get(a, {}).get(name, False))
+
+    def describe(self, name: str, mesh: MeshSpec) -> str:
+        parts = []
+        rep = [d for d in mesh.names if mesh.size(d) > 1 and not self.distinct[d][name]]
+        dis = [d for d in mesh.names if mesh.size(d) > 1 and self.distinct[d][name]]
+        if rep:
+            parts.append("replicated on " + ", ".join(rep))
+        if dis:
+            parts.append("distinct on " + ", ".join(dis))
+        return "; ".join(parts) or "single rank"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a hypothesis may use: the truth and the norms other mistakes would have produced."""
+
+    truth: float
+    norm_type: float
+    mesh: MeshSpec
+    local_norms: Sequence[float]
+    declared_norm: float
+    declared_mismatches: Sequence[str]
+    unreduced: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """Per mesh axis of size > 1: what each rank reports when the reduction skips that axis."""
+    replicas_counted: Mapping[str, float] = field(default_factory=dict)
+    """Per mesh axis of size > 1: the norm with copies along that axis counted as distinct."""
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class GroupWeight:
+    group: str
+    """Parameter names with their numeric path components as ``*`` (``layers.*.experts.lora_A``)."""
+    params: int
+    weight: float | None
+    """reported^p / true^p with gradients in this group only; None when it cannot be attributed."""
+    note: str = ""
+    """Why it could not be attributed, or the declared-vs-measured contradiction of its parameters."""
+
+
+@dataclass
+class CaseResult:
+    case: CaseSpec
+    verdict: Verdict  # PASS | FAIL | ERROR (harness error) | SKIP (a framework it needs is missing)
+    truth: float
+    measured_truth: float
+    reported: list[float | None]
+    checks: list[Check]
+    signature: list[str]
+    placements: dict[str, str]
+    mismatches: list[str]
+    coefficient: float | None
+    seconds: float
+    errors: list[str | None] = field(default_factory=list)
+    param_mismatches: dict[str, list[str]] = field(default_factory=dict)
+    """Per parameter, its declared-vs-measured contradictions (``mismatches`` groups them)."""
+    blame: list[GroupWeight] = field(default_factory=list)
+    """The weight the target gave each parameter group (``harness.run.blame``), when asked."""
+    blame_note: str = ""
+    blame_rank: int = 0
+    """The rank whose reports the blame weighs."""
+    tolerance: float = 0.0
+    """The relative tolerance its norm was judged with (``harness.judge.tolerance``): 0 when unjudged."""
+    evidence: Evidence | None = field(default=None, repr=False, compare=False)
+    """What the signature was read from, kept for a second reading once the blame is known."""
+    """Why the weights do not add up to the full case, when they do not."""
+
+    @property
+    def ratio(self) -> float | None:
+        r = self.reported[0] if self.reported else None
+        if r is None or not math.isfinite(self.truth) or self.truth == 0:
+            return None
+        return r / self.truth
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+

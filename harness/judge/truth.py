@@ -4,7 +4,7 @@
 replication the raw bits showed: a slice replicated k times counts 1/k.
 
 *Constructive*: the float64 norm of the logical gradients, from the value generator alone, with no
-communication at all (``harness.spec.constructive``: planning needs it too, to set the bounds).
+communication at all (``harness.cases.constructive``: planning needs it too, to set the bounds).
 
 The two must agree (within ``CROSS_CHECK_RTOL``). When they do not, the harness itself (or its
 injection) is wrong, and the case is reported as a harness error rather than blamed on the function
@@ -17,8 +17,8 @@ import math
 from typing import Mapping
 
 from harness.clipmath import combine, is_inf_norm, root
-from harness.run.measure import Replication, StatsTable
-from harness.spec.layout import MeshSpec, Replicate
+from harness.judge.records import Replication, StatsTable
+from harness.cases.layout import MeshSpec, Replicate
 
 CROSS_CHECK_RTOL = 1e-9
 """How closely the measured and the constructive truth must agree (both are float64 sums)."""

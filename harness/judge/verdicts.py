@@ -3,7 +3,8 @@ matrix, JUnit and the summary lines alike. Works on JSON records (what the JSON 
 
 An ERROR is never a pass. Two kinds are told apart because they mean different things to a user:
 a *harness error* (the harness's own self-check failed: ``truth``) and an *unjudged* case (a rank
-hung or died, or the run ended before the case: checks ``hang``, ``crash``, ``not_run``).
+hung or died, the run was interrupted or ended before the case: checks ``hang``, ``crash``,
+``interrupted``, ``not_run``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def worst(*statuses: int) -> int:
     def rank(status: int) -> int:
         return _PRECEDENCE.index(status) if status in _PRECEDENCE else -1
     return min(statuses, key=rank, default=EXIT_PASS)
+
+EXIT_STATUSES = {
+    EXIT_PASS: "every case passed, and at least one was judged",
+    EXIT_FAIL: "a case or metamorphic group failed, or a harness error",
+    EXIT_USAGE: "bad input (said in one line, before any process starts)",
+    EXIT_BROKEN: "a rank hung or died, or a planned case was not judged",
+    EXIT_NOTHING_JUDGED: "nothing was judged (no case planned, or every case a SKIP)",
+    EXIT_OUTPUT: "a results file could not be written (disk full, I/O error); the console has every verdict",
+    128 + 2: "interrupted by SIGINT (143: SIGTERM); what finished is recorded, with the summary",
+}
+"""What each exit status means, the same for every command (``clipcheck --help`` lists them)."""
 
 
 def is_unjudged(record: Mapping[str, Any]) -> bool:

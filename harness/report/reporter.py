@@ -16,8 +16,8 @@ import math
 import sys
 from typing import IO, Any, Iterable, Mapping
 
-from harness.spec.case import CaseSpec, bound_label
-from harness.judge.blame import blame_lines, blame_summary, blame_tolerance
+from harness.cases.variant import CaseSpec, bound_label
+from harness.judge.blame import blame_lines, blame_summary, blame_tolerance, weight_line
 from harness.judge.checks import CaseResult
 from harness.judge.tolerance import NORM_RTOL
 from harness.report.junit import write_junit
@@ -91,7 +91,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "skip_reason": case.skip,
         "seconds": result.seconds,
         "blame": [{"group": g.group, "params": g.params, "weight": _num(g.weight), "note": g.note,
-                   "line": g.line(blame_tolerance(result.tolerance))} for g in result.blame],
+                   "line": weight_line(g, blame_tolerance(result.tolerance))} for g in result.blame],
         "blame_note": result.blame_note,
         "blame_rank": result.blame_rank,
         "finding": finding.record() if finding is not None else None,

@@ -33,9 +33,9 @@ import sys
 import threading
 from typing import Any
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.judge.checks import CaseResult, amend_late, unjudged_result
-from harness.spec.plan import Plan
+from harness.cases.plan import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
 from harness.run.blame import run_case_with_blame

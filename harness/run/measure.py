@@ -27,71 +27,17 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import struct
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
 from harness.clipmath import combine, pow_sum, root
-from harness.spec.layout import MeshSpec
+from harness.judge.records import Replication, StatsTable
+from harness.cases.layout import MeshSpec
 
 _ABSENT = torch.iinfo(torch.int32).min  # the identity of MAX: what a rank without the gradient sends
 _HEADER = 2  # numel, itemsize: a shape mismatch shows up as a spread too
-
-
-@dataclass
-class StatsTable:
-    """Per-rank, per-parameter statistics, identical on every rank after one all-reduce.
-
-    ``numel`` is -1 where a rank has no gradient for the parameter (absent or ``None``).
-    ``pow_sum`` is sum |g|^p (max |g| for the inf norm) of the rank's local gradient.
-    ``digests``: each rank's ``bits_digest`` per parameter (None where absent), when asked for.
-    """
-
-    names: list[str]
-    numel: list[list[int]]
-    itemsize: list[list[int]]
-    pow_sum: list[list[float]]
-    digests: list[dict[str, str | None]] | None = None
-
-    @property
-    def world_size(self) -> int:
-        return len(self.numel)
-
-    def present(self, rank: int, j: int) -> bool:
-        return self.numel[rank][j] >= 0
-
-    def local_norms(self, norm_type: float) -> list[float]:
-        """Each rank's norm of everything it holds, with no cross-rank reduction."""
-        out = []
-        for r in range(self.world_size):
-            total = 0.0
-            for j in range(len(self.names)):
-                if self.present(r, j):
-                    total = combine(total, self.pow_sum[r][j], norm_type)
-            out.append(root(total, norm_type))
-        return out
-
-
-@dataclass
-class Replication:
-    """Measured replication: ``distinct[axis][name]`` is True when some group of ``axis`` saw a spread."""
-
-    distinct: dict[str, dict[str, bool]]
-
-    def replicated_axes(self, name: str, mesh: MeshSpec) -> frozenset[str]:
-        return frozenset(a for a in mesh.names if not self.distinct.get(a, {}).get(name, False))
-
-    def describe(self, name: str, mesh: MeshSpec) -> str:
-        parts = []
-        rep = [d for d in mesh.names if mesh.size(d) > 1 and not self.distinct[d][name]]
-        dis = [d for d in mesh.names if mesh.size(d) > 1 and self.distinct[d][name]]
-        if rep:
-            parts.append("replicated on " + ", ".join(rep))
-        if dis:
-            parts.append("distinct on " + ", ".join(dis))
-        return "; ".join(parts) or "single rank"
 
 
 def bit_words(t: torch.Tensor) -> torch.Tensor:

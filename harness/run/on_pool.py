@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.judge.checks import CaseResult, unjudged_result
 from harness.run.pool import RankPool, RankResult, current_world
 from harness.targets.registry import registered_targets
 from harness.run.blame import run_case_with_blame
-from harness.spec.scenario import Scenario
+from harness.cases.scenario import Scenario
 from harness.targets.target import resolve_target
 
 
@@ -22,6 +22,7 @@ def forget_blame() -> None:
     """Runs on every rank of the pool: a new plan starts, so no weighing of an earlier one is reused
     (a warm world outlives plans, and the same target name may now be another function)."""
     current_world().blamed.clear()
+    current_world().honest.clear()
 
 
 def _last_line(result: RankResult) -> str:

@@ -22,7 +22,7 @@ import torch
 from harness.run.measure import (Replication, StatsTable, bits_digest, from_digests, measure_replication, merged,
                                  uses_digests)
 from harness.run.world import MeshGroups
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 
 Grads = Mapping[str, "torch.Tensor | None"]
 

@@ -34,20 +34,20 @@ from typing import Any, Callable
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
-from harness.spec.context import CaseContext, attach
+from harness.cases.context import CaseContext, attach
 from harness.run.devices import settle
 from harness.run.aftermath import LateWatch, ModelState, fingerprint, settled_changes
 from harness.run.effects import rank_effects, snapshot_params
-from harness.spec.model import generated_grads, local_grads
+from harness.cases.model import generated_grads, local_grads
 from harness.run.delivery import expected_copies, undelivered
 from harness.run import replicas
 from harness.run.measure import digests_for_truth, gather_stats, pre_call_replication
 from harness.judge.truth import measured_norm
-from harness.spec.constructive import variant_truth
-from harness.spec.scenario import Scenario
+from harness.cases.constructive import variant_truth
+from harness.cases.scenario import Scenario
 from harness.targets.target import Target, reported_value
 from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched

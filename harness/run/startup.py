@@ -9,7 +9,7 @@ import os
 import sys
 
 from harness.run.devices import usable_cores
-from harness.spec.plan import Plan
+from harness.cases.plan import Plan
 
 
 def share_the_cores(local_ranks: int) -> bool:

@@ -21,7 +21,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from harness.spec.case import CaseSpec
+from harness.cases.variant import CaseSpec
 from harness.run.effects import canonical_nans
 from harness.run.measure import Replication, StatsTable
 

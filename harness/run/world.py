@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from harness.run.devices import nccl_error_environment
-from harness.spec.layout import MeshSpec
+from harness.cases.layout import MeshSpec
 from harness.run.release import release_peers
 from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey
@@ -145,6 +145,7 @@ class DistWorld:
         self.truth_cache = TruthCache()
         self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
         self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
+        self.honest: dict[BlameKey, bool] = {}  # rank 0: whether a lying-plan case passed on the honest plan
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.targets.builtin_scenarios import scenarios_package
 from harness.targets.loading import LoadError, is_import_path, load_object
-from harness.spec.scenario import Scenario
+from harness.cases.scenario import Scenario
 from harness.targets.target import BUILTIN_TARGETS, Target
 
 
@@ -21,7 +21,7 @@ def resolve_scenario(name: str) -> Scenario:
         obj = load_object(name)
         scenario = obj() if isinstance(obj, type) else obj
         if not isinstance(scenario, Scenario):
-            raise LoadError(f"{name!r} is not a harness.spec.scenario.Scenario")
+            raise LoadError(f"{name!r} is not a harness.cases.scenario.Scenario")
         return scenario
     raise LoadError(
         f"unknown scenario {name!r}: not one of {', '.join(sorted(known))}, and not of the form "

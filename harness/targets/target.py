@@ -18,11 +18,11 @@ from torch.distributed.tensor import DTensor
 
 from harness import reference
 from harness.clipmath import local_tensor, trainable_with_grads
-from harness.spec.context import context
+from harness.cases.context import context
 from harness.targets.frameworks import Framework
 from harness.targets.loading import LoadError, is_import_path, load_object
 from harness.judge.records import FindingRecord
-from harness.spec.model import torch_placements
+from harness.cases.model import torch_placements
 
 ClipFn = Callable[..., Any]
 

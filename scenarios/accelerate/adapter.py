@@ -54,10 +54,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant
-from harness.spec.context import CaseContext, context
-from harness.spec.model import parameter_values
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant
+from harness.cases.context import CaseContext, context
+from harness.cases.model import parameter_values
 from harness.targets.gradient_path import install_linear_forwards, reduced_to
 from harness.targets.target import Finding, Target, stock, torch_max_drops_nan
 

@@ -67,8 +67,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from harness.clipmath import local_tensor
-from harness.spec.context import CaseContext, context
-from harness.spec.model import parameter_values
+from harness.cases.context import CaseContext, context
+from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, stock, synthetic
 

@@ -64,7 +64,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from harness.run.devices import accelerator_for
-from harness.spec.context import CaseContext, context
+from harness.cases.context import CaseContext, context
 from harness.targets.gradient_path import install_linear_forwards
 from harness.targets.target import Finding, Target, stock, synthetic
 

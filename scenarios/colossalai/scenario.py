@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, ParamSpec, param
-from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, ParamSpec, param
+from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
 NUM_EXPERTS, WIDTH = 4, 16
 EXPERT_PREFIX = "moe.experts."

@@ -42,9 +42,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant
-from harness.spec.context import CaseContext, context
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant
+from harness.cases.context import CaseContext, context
 from harness.run.devices import accelerator_for
 from harness.targets.gradient_path import install_linear_forwards
 from harness.targets.target import Finding, Target, direct_call, stock, synthetic

@@ -39,12 +39,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness.spec.case import Variant, declared_from_layout
+from harness.cases.variant import Variant, declared_from_layout
 from harness.clipmath import reduce_root_and_clip, trainable_with_grads, weighted_partial
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, param
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, param
 from harness.targets.mutants import local_root_mean
-from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
 from harness.targets.target import Target
 
 NUM_EXPERTS, WIDTH = 4, 16

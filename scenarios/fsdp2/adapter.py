@@ -21,9 +21,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from harness.spec.axes import MeshAxis
-from harness.spec.context import CaseContext
-from harness.spec.model import parameter_values
+from harness.cases.axes import MeshAxis
+from harness.cases.context import CaseContext
+from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, direct_call, torch_max_drops_nan
 

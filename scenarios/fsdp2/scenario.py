@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, Replicate, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions
 
 ROWS_PER_RANK, COLS, EXPERTS = 4, 12, 4
 

@@ -56,8 +56,8 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from harness.run.devices import accelerator_for
-from harness.spec.axes import MeshAxis
-from harness.spec.context import CaseContext, context
+from harness.cases.axes import MeshAxis
+from harness.cases.context import CaseContext, context
 from harness.targets.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as MEGATRON

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
 NUM_EXPERTS = 4
 PREFIX = "decoder.layers.0."

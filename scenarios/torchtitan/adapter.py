@@ -49,11 +49,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from harness.clipmath import local_tensor
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant
-from harness.spec.context import CaseContext, context
-from harness.spec.layout import MeshSpec, Shard
-from harness.spec.model import parameter_values, torch_placements
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant
+from harness.cases.context import CaseContext, context
+from harness.cases.layout import MeshSpec, Shard
+from harness.cases.model import parameter_values, torch_placements
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, direct_call, synthetic
 

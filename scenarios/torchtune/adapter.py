@@ -51,9 +51,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
-from harness.spec.axes import MeshAxis
-from harness.spec.context import CaseContext
-from harness.spec.model import parameter_values
+from harness.cases.axes import MeshAxis
+from harness.cases.context import CaseContext
+from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, stock
 

@@ -38,11 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant, declared_from_layout
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, ParamSpec, Replicate, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, ParamSpec, Replicate, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
 
 NUM_EXPERTS, HIDDEN, INTERMEDIATE, Q_OUT, LORA_RANK = 8, 16, 8, 16, 8
 LAYER = "model.layers.0."

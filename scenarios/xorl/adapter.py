@@ -54,9 +54,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from harness.spec.axes import MeshAxis
-from harness.spec.context import CaseContext
-from harness.spec.model import parameter_values
+from harness.cases.axes import MeshAxis
+from harness.cases.context import CaseContext
+from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
 from harness.targets.target import Finding, Target, stock

@@ -49,8 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness.spec.axes import MeshAxis
-from harness.spec.case import Variant
+from harness.cases.axes import MeshAxis
+from harness.cases.variant import Variant
 from harness.clipmath import (
     clip_coefficient,
     combine,
@@ -62,10 +62,10 @@ from harness.clipmath import (
     scale_grads_,
     trainable_with_grads,
 )
-from harness.spec.context import context
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, MeshSpec, Placement, Replicate, Shard, param
-from harness.spec.scenario import Scenario, ScenarioOptions, ep_sizes_for
+from harness.cases.context import context
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, MeshSpec, Placement, Replicate, Shard, param
+from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
 from harness.targets.target import Target
 
 NUM_EXPERTS, HIDDEN, INTERMEDIATE, RANK = 8, 64, 128, 8

@@ -22,9 +22,9 @@ from harness.clipmath import (
     weighted_partial,
 )
 from harness.reference import reference_partial
-from harness.spec.axes import MeshAxis
-from harness.spec.context import CaseContext, context
-from harness.spec.layout import Shard
+from harness.cases.axes import MeshAxis
+from harness.cases.context import CaseContext, context
+from harness.cases.layout import Shard
 
 Clip = Callable[..., torch.Tensor]
 

@@ -6,7 +6,7 @@ x sqrt(cp). No upstream report of it is known: it is VeOmni #184's mechanism (HS
 on the context-parallel axis, which every framework with CP has to get right the same way.
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import replicas_summed
 

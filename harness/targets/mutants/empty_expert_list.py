@@ -11,9 +11,9 @@ import torch.nn as nn
 
 from harness.clipmath import trainable_with_grads
 from harness.reference import clip_grad_norm as reference
-from harness.spec.axes import MeshAxis
-from harness.spec.context import context
-from harness.spec.layout import Shard
+from harness.cases.axes import MeshAxis
+from harness.cases.context import context
+from harness.cases.layout import Shard
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

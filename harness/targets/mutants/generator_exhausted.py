@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from harness.clipmath import reduce_root_and_clip, weighted_partial
-from harness.spec.context import context
+from harness.cases.context import context
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

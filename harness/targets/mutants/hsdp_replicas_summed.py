@@ -5,7 +5,7 @@ counts each of them dp_replicate times (VeOmni #184, fixed by PRs #185 and #862;
 #279): x sqrt(dp_replicate).
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import replicas_summed
 

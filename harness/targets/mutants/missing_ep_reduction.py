@@ -4,7 +4,7 @@ The expert-parallel axis is the one a dense-model clip never had (NeMo Automodel
 before EP support, ColossalAI's MoE hybrid optimizer): each EP group clips with its own norm.
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import missing_reduction
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from harness.clipmath import clip_coefficient, collective_device, scale_grads_
-from harness.spec.axes import MeshAxis
-from harness.spec.context import context
+from harness.cases.axes import MeshAxis
+from harness.cases.context import context
 
 from ._shapes import stage_norm
 

@@ -5,7 +5,7 @@ torch's ``clip_grad_norm_`` reduces over the DTensor meshes only, never over pip
 too small norm (1/sqrt(pp) when the stages weigh the same).
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import missing_reduction
 

@@ -5,7 +5,7 @@ gradient; summing stage norms counts it once per stage (Megatron-LM PR #7228 / #
 x sqrt(2); DeepSpeed PR #1252, pipe-replicated parameters).
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import replicas_summed
 

@@ -4,7 +4,7 @@ Norm weights, routers and other TP-replicated parameters then count tp_size time
 ROCm TransformerEngine #715, xorl's non-EP bucket): the norm comes out sqrt(tp) too high on them.
 """
 
-from harness.spec.axes import MeshAxis
+from harness.cases.axes import MeshAxis
 
 from ._shapes import replicas_summed
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from harness.clipmath import combine, is_inf_norm, pow_sum, reduce_root_and_clip, trainable_with_grads
-from harness.spec.context import context
+from harness.cases.context import context
 
 
 def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

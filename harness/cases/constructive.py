@@ -7,9 +7,9 @@ truth) share it.
 from __future__ import annotations
 
 from harness.clipmath import combine, pow_sum, root
-from harness.spec.case import Variant
-from harness.spec.injection import Injection, logical_grad
-from harness.spec.layout import Layout
+from harness.cases.variant import Variant
+from harness.cases.injection import Injection, logical_grad
+from harness.cases.layout import Layout
 
 
 def constructive_norm(layout: Layout, injection: Injection, norm_type: float) -> float:

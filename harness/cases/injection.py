@@ -21,8 +21,8 @@ from typing import Mapping
 
 import torch
 
-from harness.spec.layout import Box, Layout, LayoutError, ParamSpec, box_contains, unravel
-from harness.spec.values import box_values, magnitude
+from harness.cases.layout import Box, Layout, LayoutError, ParamSpec, box_contains, unravel
+from harness.cases.values import box_values, magnitude
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,

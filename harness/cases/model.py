@@ -21,8 +21,8 @@ from torch.distributed.tensor import Replicate as TorchReplicate
 from torch.distributed.tensor import Shard as TorchShard
 
 from harness.clipmath import local_tensor
-from harness.spec.injection import Injection, local_grad
-from harness.spec.layout import Layout, MeshSpec, Placement, Shard
+from harness.cases.injection import Injection, local_grad
+from harness.cases.layout import Layout, MeshSpec, Placement, Shard
 
 
 def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:

@@ -15,8 +15,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from harness.spec.case import CaseSpec, DeclaredPlan
-from harness.spec.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
+from harness.cases.variant import CaseSpec, DeclaredPlan
+from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
 
 if TYPE_CHECKING:
     from harness.run.world import DistWorld

@@ -19,7 +19,7 @@ import zlib
 
 import torch
 
-from harness.spec.layout import Box
+from harness.cases.layout import Box
 
 _M32 = 0xFFFFFFFF
 _MULTIPLIERS = (0x7FEB352D, 0x846CA68B)

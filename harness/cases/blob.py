@@ -32,10 +32,10 @@ import sys
 import zlib
 from typing import Any, Callable, Sequence, TypeVar
 
-from harness.spec.case import CaseSpec, Variant, parse_norm_type
-from harness.spec.injection import Injection
-from harness.spec.layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
-from harness.spec.plan import UsageError
+from harness.cases.variant import CaseSpec, Variant, parse_norm_type
+from harness.cases.injection import Injection
+from harness.cases.layout import Layout, LayoutError, MeshSpec, ParamSpec, Placement, Replicate, Shard
+from harness.cases.plan import UsageError
 from harness.targets.loading import is_import_path
 from harness.strategies import DrawnCase, DrawnScenario
 

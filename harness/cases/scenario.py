@@ -15,10 +15,10 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from harness.spec.case import Variant
+from harness.cases.variant import Variant
 from harness.targets.frameworks import Framework
-from harness.spec.layout import LayoutError
-from harness.spec.model import build_model, inject_grads
+from harness.cases.layout import LayoutError
+from harness.cases.model import build_model, inject_grads
 from harness.targets.target import Target
 
 
