@@ -22,7 +22,7 @@ import pytest
 from harness.targets.registry import builtin_scenarios
 from harness_runs import ROOT
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "harness", "scenarios")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "harness", "scenarios")
 DECOY = 'raise ImportError("decoy: the scenarios/ folder of the working directory was imported")\n'
 
 
@@ -57,7 +57,7 @@ def test_wheel_carries_every_module_the_scenarios_and_the_package_data(wheel):
                 if "__pycache__" not in p.parts}
     expected |= {f"harness/scenarios/{p.relative_to(ROOT / 'scenarios').as_posix()}"
                  for p in (ROOT / "scenarios").rglob("*.py") if "__pycache__" not in p.parts}
-    expected |= {"harness/default_matrix.toml", "harness/scenarios/__init__.py",
+    expected |= {"harness/default_matrix.toml", "harness/py.typed", "harness/scenarios/__init__.py",
                  "harness/scenarios/deepspeed/adapter.py"}
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
     assert not [n for n in names if n.startswith("scenarios/")], "a top-level scenarios package would shadow"
@@ -71,6 +71,15 @@ def test_wheel_declares_what_the_runtime_imports(wheel):
     assert "hypothesis" in names
     (torch,) = [r.replace(" ", "") for r in runtime if r.lower().startswith("torch")]
     assert ">=2.13" in torch and "<2.14" in torch, torch
+
+
+def test_wheel_says_its_license_and_what_it_is(wheel):
+    meta = email.parser.Parser().parsestr(_metadata(wheel, "METADATA"))
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in wheel.namelist())
+    classifiers = meta.get_all("Classifier") or []
+    assert "Typing :: Typed" in classifiers and "Framework :: Pytest" in classifiers
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
 
 
 def test_wheel_has_the_console_script_and_the_pytest_plugin(wheel):

@@ -236,7 +236,7 @@ def read_audit(path: str) -> AuditFile:
     try:
         if not isinstance(doc, dict) or doc.get("format") != AUDIT_FORMAT:
             raise ValueError(f"its format is not {AUDIT_FORMAT!r}")
-        variant = variant_from_doc(doc["case"])
+        variant = variant_from_doc(doc["case"], int(doc["world"]))
         if not variant.layout.measured:
             raise ValueError("it holds no measured layout")
         world = int(doc["world"])
