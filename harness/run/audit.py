@@ -52,6 +52,7 @@ from harness.clipmath import EPS, local_tensor
 from harness.judge.blame import blame_reason, group_only, parameter_groups
 from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.records import CaseResult, Replication, StatsTable
+from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
 from harness.run.aftermath import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.blame import weigh_groups
@@ -300,8 +301,8 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     held: list[Holding] = []
     if records is not None:
         held = holdings(records)
-        plan = {"digest": candidates(held, world.world_size), "nonfinite": any(not (math.isfinite(h.pow) and math.isfinite(h.sq))
-                                                               for h in held)}
+        plan = {"digest": candidates(held, world.world_size),
+                "nonfinite": any(not (math.isfinite(h.pow) and math.isfinite(h.sq)) for h in held)}
     plan = world.allgather_json("audit-plan", plan, world.exchange_deadline_s)[0]
     assert plan is not None
     nonfinite = bool(plan["nonfinite"])
@@ -371,6 +372,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
         local["policies"] = _policies(before, post, copies, digests_before)
     if reported is None and error is None and fault is None:
         reported = _implied_norm(local.get("scale", {}), max_norm, notes)
+        local["implied"] = reported is not None
     post_tokens = {n: (None if n not in after_stats else after_stats[n].digest if n in copied else "kept")
                    for n in grads}
     clip_record = {"reported": reported, "error": error, "fault": fault, "seconds": seconds, "local": local,
@@ -383,10 +385,10 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
 
     # 5. the blame's one-group runs (the gradients put back between them), then the verdict
     groups: dict[str, list[str]] | None = None
-    if result is not None and blame and copies is not None and blame_reason(result) is None:
-        present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))  # type: ignore[union-attr]
-                   for j, n in enumerate(measured.names)}  # type: ignore[union-attr]
-        groups = parameter_groups(measured.names, present)  # type: ignore[union-attr]
+    if result is not None and measured is not None and blame and copies is not None and blame_reason(result) is None:
+        present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))
+                   for j, n in enumerate(measured.names)}
+        groups = parameter_groups(measured.names, present)
     groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
     if groups and copies is not None and originals is not None:
         try:
@@ -522,7 +524,22 @@ def _judge(measured: _Case, records: Sequence[Mapping[str, Any]]) -> CaseResult:
     post_rep = from_digests(names, [{n: p.get(n) for n in names} for p in post], measured.case.layout.mesh,
                             classes=True)
     judged = [{k: v for k, v in rec.items() if k != "post"} for rec in records]
+    _agreed_implied(judged, measured.case.variant.injection.dtype)
     return evaluate(measured.case, measured.truth, measured.truth, measured.stats, measured.pre, post_rep, judged)
+
+
+def _agreed_implied(records: list[dict[str, Any]], dtype: str) -> None:
+    """A clip that returned no norm: each rank's norm is read back from the coefficient it applied, an
+    estimate good to the rounding of the gradients' dtype. Where every rank's estimate is within that
+    of the others, the ranks applied one coefficient: they all get rank 0's (the agree check would
+    otherwise fail on the estimates' last digits); farther apart, they are left to disagree."""
+    implied = [rec["reported"] for rec in records if rec["local"].get("implied")]
+    if len(implied) != len(records) or not implied:
+        return
+    lo, hi = min(implied), max(implied)
+    if hi - lo <= 64 * UNIT_ROUNDOFF.get(dtype, 2.0**-24) * max(abs(lo), abs(hi)):
+        for rec in records:
+            rec["reported"] = implied[0]
 
 
 def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], group: set[str],

@@ -1,0 +1,162 @@
+"""``harness.audit`` on a user's own job (issue 31): the measured truth without a mesh, the real call judged
+by the case's checks, a clip that raises on one rank, ``restore``, and the capture-and-replay round trip.
+
+The jobs are real training steps (tests/audit_jobs/toy.py: a forward, a backward, DDP-like and tied
+all-reduces) under torchrun on gloo; the pure parts (classes of copies, audit files) are tested in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import harness
+from audit_runs import run_job
+from harness.cases.layout import LayoutError
+from harness.cases.measured import Holding, candidates, class_tokens, read_audit, world_mesh
+from harness.judge.records import Replication, StatsTable
+from harness.judge.truth import measured_norm
+from harness_runs import ROOT
+
+
+def _holding(rank: int, name: str, words: tuple[int, ...], zero: bool = False, sq: float = 1.0) -> Holding:
+    return Holding(rank, name, (4,), "fp32", 4, 4, sq, zero, words, None, sq)
+
+
+def test_copies_are_hashed_only_where_shape_dtype_and_samples_agree():
+    held = [_holding(0, "embed", (1, 2)), _holding(1, "head", (1, 2)),
+            _holding(0, "w", (3, 4)), _holding(1, "w", (5, 6))]
+    assert candidates(held, 2) == [["embed"], ["head"]]  # w differs in its sampled bits: never hashed
+
+
+def test_a_tie_is_one_class_and_all_zero_gradients_stay_with_their_own_name():
+    held = [_holding(0, "embed", (1,)), _holding(1, "head", (1,)), _holding(0, "e0", (0,), zero=True, sq=0.0),
+            _holding(1, "e1", (0,), zero=True, sq=0.0)]
+    digests = [{"embed": "d1", "e0": "z"}, {"head": "d1", "e1": "z"}]
+    tokens = class_tokens(held, digests)
+    assert tokens[(0, "embed")] == tokens[(1, "head")]  # tied: one logical gradient
+    assert tokens[(0, "e0")] != tokens[(1, "e1")]  # two experts without tokens are not "tied"
+
+
+def test_the_truth_counts_each_class_once_whatever_its_names():
+    stats = StatsTable(names=["embed", "head", "w"], numel=[[4, -1, 4], [-1, 4, 4]], itemsize=[[4, 0, 4], [0, 4, 4]],
+                       pow_sum=[[9.0, 0.0, 16.0], [0.0, 9.0, 16.0]])
+    tied = Replication({}, {"embed": ["t", None], "head": [None, "t"], "w": ["a", "b"]})
+    assert measured_norm(stats, tied, world_mesh(2), 2.0) == pytest.approx(math.sqrt(9 + 16 + 16))
+    untied = Replication({}, {"embed": ["t", None], "head": [None, "u"], "w": ["a", "a"]})
+    assert measured_norm(stats, untied, world_mesh(2), 2.0) == pytest.approx(math.sqrt(9 + 9 + 16))
+
+
+def test_a_file_that_is_not_an_audit_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps({"format": "clipcheck-audit/1", "world": 2, "norm": 2.0, "max_norm": 1.0,
+                                "case": {"mesh": [["world", 2]], "params": 3}}))
+    with pytest.raises(LayoutError, match="audit"):
+        read_audit(str(path))
+
+
+def test_audit_without_a_process_group_and_restore():
+    """World of one (no torch.distributed): torch's clip passes, an L1 clip audited as L2 fails, and
+    ``restore=True`` gives every gradient back bit for bit."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    report = harness.audit(model, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01), max_norm=0.01,
+                           restore=True)
+    assert report.passed, report.describe()
+    assert all(torch.equal(b, p.grad) for b, p in zip(before, model.parameters()))
+    wrong = harness.audit(model, lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01, norm_type=1.0),
+                          max_norm=0.01)
+    assert not wrong.passed and "norm: reported/true" in wrong.describe()
+
+
+def test_auditing_wraps_the_clip_someone_else_calls():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    model(torch.randn(3, 4)).sum().backward()
+
+    class Engine:
+        def clip(self) -> torch.Tensor:
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+
+        def step(self) -> torch.Tensor:
+            return self.clip()
+
+    engine = Engine()
+    with harness.auditing(model, engine, "clip", max_norm=0.01) as hook:
+        value = engine.step()
+    assert hook.report is not None and hook.report.passed and isinstance(value, torch.Tensor)
+    assert "clip" not in engine.__dict__  # the method is its class's again
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_correct_clip_passes_from_a_real_backward(nproc, tmp_path):
+    run = run_job("toy.py", nproc, ["correct", "restore"], tmp_path)
+    assert run.found is not None and run.found["verdict"] == "PASS", run.stderr[-3000:]
+    assert run.found["restored"]  # restore=True: every rank's gradients bit for bit as before the audit
+    assert run.record["scenario"] == "audit"
+
+
+@pytest.mark.distributed
+def test_a_rank_local_clip_fails_with_the_case_signature(tmp_path):
+    run = run_job("toy.py", 4, ["local"], tmp_path)
+    assert run.found["verdict"] == "FAIL"
+    failed = {name for name, check in run.record["checks"].items() if check and not check["passed"]}
+    assert {"norm", "agree", "replicas"} <= failed
+    assert any("rank-local" in line for line in run.record["signature"]), run.record["signature"]
+    assert not run.found["restored"]  # without restore the audit's call is the step's clip
+
+
+@pytest.mark.distributed
+def test_a_tie_counted_on_both_stages_is_caught_and_blamed(tmp_path):
+    run = run_job("toy.py", 4, ["tied-twice", "restore"], tmp_path)
+    assert run.found["verdict"] == "FAIL" and run.found["restored"]
+    assert not run.check("norm")["passed"] and run.record["ratio"] > 1.0
+    blamed = " ".join(str(b) for b in run.record["blame"])
+    assert "embed" in blamed or "head" in blamed, run.found["text"]
+
+
+@pytest.mark.distributed
+def test_a_clip_that_returns_nothing_is_judged_by_its_coefficient(tmp_path):
+    run = run_job("toy.py", 2, ["silent"], tmp_path)
+    assert run.found["verdict"] == "PASS", run.found["text"]
+    assert any("returned no norm" in note for note in run.found["notes"])
+
+
+@pytest.mark.distributed
+def test_a_clip_that_raises_on_one_rank_is_reported_with_rank_and_cause_in_bounded_time(tmp_path):
+    start = time.monotonic()
+    run = run_job("toy.py", 4, ["raise"], tmp_path, timeout=180)
+    elapsed = time.monotonic() - start
+    out = run.stdout + run.stderr
+    assert "rank 1 raised RuntimeError: this rank's clip gave up" in out, out[-3000:]
+    assert "hang" in out and "ERROR" in out
+    assert run.returncode != 0 and elapsed < 120
+
+
+@pytest.mark.distributed
+def test_capture_and_replay_round_trip(tmp_path):
+    """The layout measured on 4 ranks, saved, replayed on CPU ranks with injected gradients: the replay's
+    truth is the audit's (to the rounding of the injected fp32 values), a correct clip passes there and
+    the rank-local one fails there as it did in the job."""
+    saved = tmp_path / "audit.json"
+    run = run_job("toy.py", 4, ["correct", f"save={saved}"], tmp_path)
+    assert run.found["verdict"] == "PASS"
+    found = json.loads(saved.read_text())["found"]
+    for target, verdict in (("reference", "PASS"), ("torch", "FAIL")):
+        jsonl = tmp_path / f"replay-{target}.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--from-audit", str(saved), "--target", target,
+                               "--json", str(jsonl)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        case = next(rec for rec in map(json.loads, jsonl.read_text().splitlines()) if rec.get("type") == "case")
+        assert case["verdict"] == verdict, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert case["true_norm"] == pytest.approx(found["truth"], rel=1e-6)
