@@ -8,7 +8,7 @@ Public API for users writing their own clip targets or scenarios:
 * ``check(target, scenarios=..., worlds=[2, 4])`` -> ``CheckReport``: the built-in scenarios against
   your clip from Python, on warm worlds (``harness.api``).
 * ``audit(model, clip, max_norm=...)`` -> ``AuditReport``, and ``auditing(...)``: your clip judged on your
-  own model after your own backward, inside your own launch (``harness.audit``).
+  own model after your own backward, inside your own launch (``harness.auditor``).
 """
 
 import importlib
@@ -69,7 +69,7 @@ _EXPORTS = {
     "Replicate": ".cases.layout", "Shard": ".cases.layout", "param": ".cases.layout",
     "Scenario": ".cases.scenario", "ScenarioOptions": ".cases.scenario",
     "check": ".api", "CheckReport": ".api",
-    "audit": ".audit", "auditing": ".audit", "AuditReport": ".audit",
+    "audit": ".auditor", "auditing": ".auditor", "AuditReport": ".auditor",
 }
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness_runs import ROOT
 
 STEPS = {"cases", "targets", "run", "judge", "report", "commands"}
-PUBLIC_FACES = {"__init__", "__main__", "api", "audit", "fuzz", "strategies", "pytest_plugin", "errors", "reference",
+PUBLIC_FACES = {"__init__", "__main__", "api", "auditor", "fuzz", "strategies", "pytest_plugin", "errors", "reference",
                 "clipmath"}
 
 

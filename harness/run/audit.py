@@ -392,7 +392,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
     if groups and copies is not None and originals is not None:
         try:
-            subs = [_one_group(world, model, clip, set(names), originals, copies, measured, label, g)
+            subs = [_one_group(world, model, clip, set(names), originals, copies, measured, max_norm, g)
                     for g, names in enumerate(groups.values())]
         except (WorldBroken, DeadRankError) as exc:
             return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
@@ -543,7 +543,7 @@ def _agreed_implied(records: list[dict[str, Any]], dtype: str) -> None:
 
 
 def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], group: set[str],
-               originals: Mapping[str, torch.Tensor | None], copies: Grads, measured: _Case | None, label: str,
+               originals: Mapping[str, torch.Tensor | None], copies: Grads, measured: _Case | None, max_norm: float,
                index: int) -> CaseResult | None:
     """One run of the blame: every gradient outside ``group`` zero (present), the group's as before the
     call; the clip called guarded; rank 0 judges the run's norm against the group's own truth."""
@@ -566,15 +566,33 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
             reported = reported_value(value)
         except TypeError:
             reported = None
+    implied = error is None and value is None
+    if implied:  # a clip that returns nothing: its norm from the coefficient it applied to the group
+        reported = _group_implied_norm(model, group, copies, max_norm)
     _agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
     empty = {"scale": {}, "vanished": [], "mangled": {}, "created": [], "params_changed": [], "late": [],
-             "stale_truth": False, "undelivered": []}
+             "stale_truth": False, "undelivered": [], "implied": implied and reported is not None}
     records = world.gather_json(f"audit-blame-record-{index}", {"reported": reported, "error": error, "fault": None,
                                                                 "seconds": seconds, "local": empty},
                                 world.exchange_deadline_s)
     if records is None or measured is None:
         return None
     return _group_result(measured, group, records)
+
+
+def _group_implied_norm(model: nn.Module, group: set[str], copies: Grads, max_norm: float) -> float | None:
+    """The norm a clip that returned nothing used in a one-group run, from the factor it applied to the
+    group's gradients on this rank (None where it did not clip, or the rank holds none of them)."""
+    before = after = 0.0
+    for name, p in model.named_parameters():
+        copy = copies.get(name)
+        if name in group and copy is not None and p.grad is not None:
+            before += float(copy.double().pow(2).sum())
+            after += float(local_tensor(p.grad).double().pow(2).sum())
+    if not (before > 0 and math.isfinite(before) and math.isfinite(after)):
+        return None
+    c = math.sqrt(after / before)
+    return max_norm / c - EPS if 0 < c < 1 else None
 
 
 def _group_result(measured: _Case, group: set[str], records: Sequence[Mapping[str, Any]]) -> CaseResult:
@@ -588,7 +606,9 @@ def _group_result(measured: _Case, group: set[str], records: Sequence[Mapping[st
                                              for r, k in enumerate(keys)] for n, keys in classes.items()})
     truth = measured_norm(sub_stats, sub_pre, measured.case.layout.mesh, measured.case.norm_type)
     case = group_only(measured.case, sorted(group))
-    return evaluate(case, truth, truth, sub_stats, sub_pre, sub_pre, records)
+    judged = [dict(rec) for rec in records]
+    _agreed_implied(judged, measured.case.variant.injection.dtype)
+    return evaluate(case, truth, truth, sub_stats, sub_pre, sub_pre, judged)
 
 
 def _put_back(model: nn.Module, originals: Mapping[str, torch.Tensor | None], copies: Grads) -> None:
