@@ -42,9 +42,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor import Shard as TorchShard
 
-from harness.cases.layout import MeshSpec, Placement
+from harness.cases.layout import Placement
 from harness.cases.measured import (SCENARIO, Holding, candidates, class_tokens, holdings, measured_variant, mesh_from,
                                     parameter_names, placement_from)
 from harness.cases.variant import CaseSpec
@@ -54,10 +53,12 @@ from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.records import CaseResult, Replication, StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
+from harness.run.audit_cheap import ParamMarks, cheap_policies, cheap_scale
+from harness.run.audit_mesh import job_mesh
 from harness.run.aftermath import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.blame import weigh_groups
 from harness.run.effects import applied_coefficients, canonical_nans, consistent_policies, mangled_reason, sanitize
-from harness.run.gradient_pass import ROW, GradientPass, Stats, dtype_label, sample_positions
+from harness.run.gradient_pass import GradientPass, Stats, dtype_label
 from harness.run.measure import from_digests, linear_digest
 from harness.run.runner import _agree, _guarded, describe_exception
 from harness.run.user_world import UserWorld, user_world
@@ -65,13 +66,6 @@ from harness.run.world import DeadRankError, WorldBroken
 from harness.targets.target import reported_value
 
 Grads = Mapping[str, "torch.Tensor | None"]
-
-ROW_SLACK = {torch.float64: 48 * 2.0**-53}
-"""How far a row norm's ratio before/after may stray from the coefficient by the rounding of the row
-norms themselves (``ROW`` elements summed in fp32 on 16 lanes: at most ~21 units in the last place for
-the ratio; twice that here): subtracted before a row's spread counts as non-uniform scaling."""
-_FP32_ROW_SLACK = 48 * 2.0**-24
-
 
 @dataclass
 class AuditOutcome:
@@ -114,164 +108,6 @@ def clip_label(clip: Callable[..., Any]) -> str:
         except (TypeError, OSError):
             return "<lambda>"
     return name
-
-
-# -- the job's mesh -------------------------------------------------------------------------------------
-def _root(mesh: DeviceMesh) -> DeviceMesh:
-    get_root = getattr(mesh, "_get_root_mesh", None)
-    return get_root() if callable(get_root) else mesh
-
-
-def _my_group(mesh: DeviceMesh, dim: int) -> frozenset[int]:
-    """The ranks of this rank's group along ``dim`` of ``mesh`` (a mesh holds this rank's slice only)."""
-    ranks = mesh.mesh.movedim(dim, -1).reshape(-1, mesh.mesh.shape[dim])
-    me = dist.get_rank()
-    for row in ranks.tolist():
-        if me in row:
-            return frozenset(row)
-    return frozenset()
-
-
-def _axes_of(mesh: DeviceMesh, dim: int, spec: MeshSpec) -> list[str] | None:
-    """The axes of the job's mesh ``spec`` that dim ``dim`` of a (sub-, flattened) mesh spans: those
-    whose groups, together, are its groups."""
-    mine = _my_group(mesh, dim)
-    me = dist.get_rank()
-    names = list(spec.names)
-    for size in range(1, len(names) + 1):
-        for start in range(len(names) - size + 1):
-            axes = names[start:start + size]
-            group = next((g for g in spec.groups(*axes) if me in g), [])
-            if frozenset(group) == mine:
-                return axes
-    return None
-
-
-def job_mesh(params: Sequence[tuple[str, nn.Parameter]], mesh: DeviceMesh | None,
-             world_size: int) -> tuple[list[list[Any]] | None, dict[str, dict[str, Any]], list[str]]:
-    """This rank's view of the job's mesh (the one given, else the root of the DTensor parameters'
-    mesh), as axis names and sizes; each DTensor parameter's declared placement per axis of it
-    (``"R"`` or the tensor dim it is sharded on); notes on what could not be read."""
-    notes: list[str] = []
-    root = mesh if mesh is not None else next((_root(p.device_mesh) for _, p in params if isinstance(p, DTensor)),
-                                              None)
-    if root is None or not dist.is_initialized():
-        return None, {}, notes
-    if root.size() != world_size or root.mesh.flatten().tolist() != list(range(world_size)):
-        notes.append(f"the mesh {tuple(root.mesh.shape)} does not hold the {world_size} ranks in order: measured "
-                     "on one axis of every rank instead")
-        return None, {}, notes
-    names = root.mesh_dim_names or tuple(f"dim{i}" for i in range(root.ndim))
-    pairs = [(str(n), int(s)) for n, s in zip(names, root.mesh.shape)]
-    axes: list[list[Any]] = [list(pair) for pair in pairs]
-    spec = MeshSpec(tuple(pairs))
-    declared: dict[str, dict[str, Any]] = {}
-    for name, p in params:
-        if not isinstance(p, DTensor):
-            continue
-        placed: dict[str, Any] = {}
-        for dim, placement in enumerate(p.placements):
-            covered = _axes_of(p.device_mesh, dim, spec)
-            if covered is None:
-                notes.append(f"{name}: its mesh dim {dim} spans no axes of the job's mesh; no declared placement")
-                placed = {}
-                break
-            for axis in covered:
-                placed[axis] = placement.dim if isinstance(placement, TorchShard) else "R"
-        if placed or not p.placements:
-            declared[name] = placed
-    return axes, declared, notes
-
-
-# -- the parameters' own check, without a copy ----------------------------------------------------------
-@dataclass
-class ParamMarks:
-    """What a clip must leave alone, kept without copying the parameters: each local tensor's storage,
-    version counter, shape, dtype and sampled bits."""
-
-    marks: dict[str, tuple[int, int, tuple[int, ...], str]]
-    words: dict[str, list[int]]
-
-    @classmethod
-    def of(cls, params: Sequence[tuple[str, nn.Parameter]]) -> "ParamMarks":
-        marks, sampled = {}, {}
-        for name, p in params:
-            t = local_tensor(p).detach()
-            marks[name] = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
-            flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
-            positions = torch.tensor(sample_positions(flat.numel()), dtype=torch.int64, device=flat.device)
-            sampled[name] = flat.view(torch.uint8).view(-1, flat.element_size())[positions]
-        by_device: dict[torch.device, list[str]] = {}
-        for name, t in sampled.items():
-            by_device.setdefault(t.device, []).append(name)
-        words: dict[str, list[int]] = {}
-        for names in by_device.values():
-            every: list[int] = torch.cat([sampled[n].reshape(-1) for n in names]).tolist() if names else []
-            at = 0
-            for n in names:
-                k = sampled[n].numel()
-                words[n], at = every[at:at + k], at + k
-        return cls(marks, words)
-
-    def changed(self, after: "ParamMarks") -> list[str]:
-        out = []
-        for name, (ptr, version, shape, dtype) in self.marks.items():
-            now = after.marks.get(name)
-            if now is None:
-                out.append(f"{name} (gone)")
-            elif now[2:] != (shape, dtype):
-                out.append(f"{name} ({shape} {dtype} -> {now[2]} {now[3]})")
-            elif now[0] != ptr:
-                out.append(f"{name} (storage replaced)")
-            elif after.words[name] != self.words[name]:
-                out.append(name)
-            elif now[1] != version:
-                out.append(f"{name} (written in place)")
-        return out
-
-
-# -- the coefficient without a copy ---------------------------------------------------------------------
-def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
-    """(coefficient, residual) from two passes, as ``effects.applied_coefficients`` measures them from
-    copies: the coefficient from the sampled elements (least squares, float64), checked against the
-    ratio of the sums of squares; the residual the largest relative deviation of a sampled element, of
-    a row's norm ratio (minus the row norms' own rounding) and of the two estimates. None where no
-    factor applies (a zero gradient, or a non-finite value before or after)."""
-    if not (before.finite and after.finite) or before.sq == 0.0 or before.rows is None or after.rows is None:
-        return None
-    magnitude = math.sqrt(after.sq / before.sq)
-    slack = ROW_SLACK.get(before.rows.dtype, _FP32_ROW_SLACK)
-    a, b = before.values, after.values
-    denominator = sum(x * x for x in a)
-    c = sum(x * y for x, y in zip(a, b)) / denominator if denominator > 0 else magnitude
-    if c == 0.0:
-        return (0.0, 0.0) if magnitude == 0.0 else (0.0, math.inf)
-    top = max(abs(c * x) for x in a) if a else 0.0
-    sampled = max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) / top if top > 0 else 0.0
-    agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
-    rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
-    held = rows_before > 0
-    spread = 0.0
-    if bool(((~held) & (rows_after != 0)).any()):
-        spread = math.inf  # values appeared where there were only zeros
-    elif bool(held.any()):
-        spread = float(((rows_after[held] / rows_before[held]) - abs(c)).abs().max()) / abs(c)
-    return c, max(sampled, agreement, max(0.0, spread - slack))
-
-
-def cheap_policies(before: Stats, after: torch.Tensor | None, digest_before: str | None) -> dict[str, bool]:
-    """Which non-finite policies one gradient is consistent with, from what was kept: ``leave`` by its
-    digest before and after, ``zero`` and ``poison`` from the gradient after the call."""
-    if after is None:
-        return dict.fromkeys(("leave", "zero", "poison"), False)
-    nan = torch.isnan(after)
-    nans = int(nan.sum())
-    canonical = canonical_nans({"g": after})["g"]
-    assert canonical is not None
-    # zero: every element 0, NaN only where the gradient was not finite (by count: no copy to compare)
-    return {"leave": digest_before is not None and digest_before == linear_digest(canonical),
-            "zero": bool(((after == 0) | nan).all()) and nans <= sum(before.nonfinite),
-            "poison": nans == after.numel()}
 
 
 # -- one rank's audit ------------------------------------------------------------------------------------

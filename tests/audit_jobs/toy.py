@@ -11,7 +11,9 @@ two names). One real forward and backward, then the audit of one of these clips:
 * ``raise``: raises on rank 1 before its all-reduce (the other ranks wait for it in the collective);
 * ``silent``: clips correctly but returns nothing (the norm is read from the coefficient).
 
-    torchrun --nproc_per_node=4 tests/audit_jobs/toy.py MODE OUT.json [restore] [save=PATH]
+    torchrun --nproc_per_node=4 tests/audit_jobs/toy.py MODE OUT.json [restore] [save=PATH] [cuda]
+
+``cuda``: nccl, the model and its gradients on this rank's GPU (``bench/gpu_check.sh``); gloo on CPU otherwise.
 
 Rank 0 writes what the audit found (the case record, the text, whether every rank's gradients came back
 bit for bit with ``restore``) to OUT.json.
@@ -56,13 +58,13 @@ class Toy(nn.Module):
         return out
 
 
-def step(model: Toy, rank: int, world: int) -> None:
+def step(model: Toy, rank: int, world: int, device: torch.device) -> None:
     torch.manual_seed(1000 + rank)  # each rank its own batch
-    model(torch.randn(16, 8)).backward()
+    model(torch.randn(16, 8).to(device)).backward()
     for p in model.dense.parameters():  # DDP's all-reduce: replicas
         dist.all_reduce(p.grad)
         p.grad /= world
-    tie = torch.zeros(10, 8)  # the embedding group's all-reduce between the first and the last stage
+    tie = torch.zeros(10, 8, device=device)  # the embedding group's all-reduce between the first and the last stage
     for name in ("embed", "head"):
         if hasattr(model, name):
             tie += getattr(model, name).grad
@@ -72,7 +74,7 @@ def step(model: Toy, rank: int, world: int) -> None:
             getattr(model, name).grad.copy_(tie)
 
 
-def make_clip(model: Toy, mode: str, rank: int, world: int):
+def make_clip(model: Toy, mode: str, rank: int, world: int, device: torch.device):
     def squares(params) -> float:
         return sum(float(p.grad.double().pow(2).sum()) for p in params)
 
@@ -83,7 +85,7 @@ def make_clip(model: Toy, mode: str, rank: int, world: int):
         for name in ("embed", "head"):
             if hasattr(model, name) and (tied_on_every_holder or name == "embed"):
                 part += squares([getattr(model, name)])
-        total = torch.tensor([part], dtype=torch.float64)
+        total = torch.tensor([part], dtype=torch.float64, device=device)
         dist.all_reduce(total)
         norm = math.sqrt(float(total))
         coefficient = min(1.0, MAX_NORM / (norm + 1e-6))
@@ -111,12 +113,16 @@ def make_clip(model: Toy, mode: str, rank: int, world: int):
 def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
     options = sys.argv[3:]
-    dist.init_process_group("gloo")
+    cuda = "cuda" in options
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = Toy(rank, world)
-    step(model, rank, world)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    model = Toy(rank, world).to(device)
+    step(model, rank, world, device)
     before = {n: linear_digest(p.grad) for n, p in model.named_parameters()}
-    report = harness.audit(model, make_clip(model, mode, rank, world), max_norm=MAX_NORM,
+    report = harness.audit(model, make_clip(model, mode, rank, world, device), max_norm=MAX_NORM,
                            restore="restore" in options, timeout_s=3.0)
     after = {n: linear_digest(p.grad) for n, p in model.named_parameters()}
     kept = [None] * world

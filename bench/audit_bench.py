@@ -1,0 +1,190 @@
+"""What ``harness.audit`` costs next to one call of the clip it judges, and the memory it takes (issue 31 item 3).
+
+    python bench/audit_bench.py --params 1e9 --world 4         # the issue's size: 1B parameters at world 4
+    python bench/audit_bench.py --params 2.5e8 --world 4       # what a shared 2-core machine holds
+
+Starts ``--world`` CPU ranks (torchrun's elastic agent, gloo) holding a model of ``--params`` logical
+parameters laid out as a sharded training job holds it: 98% of the parameters sharded (FSDP shards and
+EP-local experts: each rank its own quarter, distinct bits) and 2% replicated on every rank (norms, router,
+bias-like tensors all-reduced as DDP does: bit-identical copies, which the audit must hash to find), in
+tensors of ``--tensor`` elements (fp32). Each rank's gradients are set, then:
+
+* clip: one call of a correct clip (the local sums of squares with replicas weighted 1/world, one
+  all-reduce, ``clip_grads_with_norm_``), the median of ``--repeat`` calls;
+* audit: ``harness.audit(model, clip, max_norm=...)`` (no restore: nothing copied), the median of
+  ``--repeat``, and its phases (``AuditReport.seconds``); ratio = audit / clip (target: at most 3);
+* audit restore: the same with ``restore=True`` (a copy of the gradients kept, the exact coefficient);
+* peak memory: each rank's peak resident set during the audit above what it held before it (the
+  kernel's high-water mark, reset first through ``/proc/self/clear_refs``), next to its gradients' bytes:
+  without ``restore`` well under one copy of the gradients, with it about one copy.
+
+Rank 0 prints one table and, with ``--json PATH``, writes the figures. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+REPLICATED_SHARE = 0.02
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _model(params: float, world: int, rank: int, tensor: int) -> Any:
+    import torch
+    import torch.nn as nn
+
+    model = nn.Module()
+    sharded = int(params * (1 - REPLICATED_SHARE) / world)
+    replicated = int(params * REPLICATED_SHARE)
+    own = torch.Generator().manual_seed(1000 + rank)
+    same = torch.Generator().manual_seed(7)
+    for kind, total, generator in (("shard", sharded, own), ("replica", replicated, same)):
+        for i in range(math.ceil(total / tensor)):
+            n = min(tensor, total - i * tensor)
+            p = nn.Parameter(torch.empty(n), requires_grad=True)
+            p.grad = torch.randn(n, generator=generator)
+            p.replicated = kind == "replica"  # type: ignore[attr-defined]
+            model.register_parameter(f"{kind}{i}", p)
+    return model
+
+
+def _clip(model: Any, world: int) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.grad is not None]
+
+    def clip() -> float:
+        norms = torch._foreach_norm([p.grad for p in params])
+        weights = torch.tensor([1.0 / world if p.replicated else 1.0 for p in params], dtype=torch.float64)
+        total = (torch.stack(norms).double().pow(2) * weights).sum().reshape(1)
+        dist.all_reduce(total)
+        norm = float(total.sqrt())
+        torch.nn.utils.clip_grads_with_norm_(params, 1e30, torch.tensor(norm))  # coefficient 1: values unchanged
+        return norm
+
+    return clip
+
+
+def _timed(fn: Any, repeat: int) -> tuple[float, Any]:
+    import torch.distributed as dist
+
+    times, value = [], None
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        value = fn()
+        dist.barrier()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), value
+
+
+def rank_main(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import harness
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = _model(args.params, world, rank, args.tensor)
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    clip = _clip(model, world)
+    clip_s, _ = _timed(clip, args.repeat)
+    figures: dict[str, Any] = {"rank": rank, "grad_bytes": grad_bytes, "clip_s": clip_s}
+    for restore in (False, True):
+        key = "restore" if restore else "audit"
+        resident = _rss_kib("VmRSS")
+        reset = _reset_peak()
+        reports: list[Any] = []
+        audit_s, report = _timed(lambda: harness.audit(model, clip, max_norm=1e30, restore=restore, blame=False),
+                                 args.repeat)
+        reports.append(report)
+        figures[f"{key}_s"] = audit_s
+        figures[f"{key}_peak_extra_bytes"] = (_rss_kib("VmHWM") - resident) * 1024 if reset else None
+        figures[f"{key}_phases"] = report.seconds
+        figures[f"{key}_verdict"] = report.verdict
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, figures)
+    if rank == 0:
+        _report(args, every)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _report(args: argparse.Namespace, every: list[dict[str, Any]]) -> None:
+    clip_s = max(f["clip_s"] for f in every)
+    audit_s = max(f["audit_s"] for f in every)
+    restore_s = max(f["restore_s"] for f in every)
+    grads = max(f["grad_bytes"] for f in every)
+    gib = 1 << 30
+    print(f"audit_bench: {args.params:.3g} parameters at world {args.world} (CPU, gloo, fp32, tensors of "
+          f"{args.tensor}); gradients per rank {grads / gib:.2f} GiB")
+    print(f"  one clip call      {clip_s:8.3f} s")
+    print(f"  audit              {audit_s:8.3f} s   ratio {audit_s / clip_s:5.2f} (target <= 3)   "
+          f"verdict {every[0]['audit_verdict']}")
+    print(f"  audit restore=True {restore_s:8.3f} s   ratio {restore_s / clip_s:5.2f}")
+    phases = {k: max(f["audit_phases"].get(k, 0.0) for f in every) for k in every[0]["audit_phases"]}
+    print("  audit phases (slowest rank): " + ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()))
+    for key, what in (("audit", "audit"), ("restore", "audit restore=True")):
+        peaks = [f[f"{key}_peak_extra_bytes"] for f in every]
+        if all(p is not None for p in peaks):
+            worst = max(peaks)
+            print(f"  peak memory above the job, {what}: {worst / gib:.3f} GiB per rank "
+                  f"({worst / grads:.1%} of its gradients)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"params": args.params, "world": args.world, "tensor": args.tensor,
+                                               "ranks": every}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=float, default=1e9, help="logical parameters (default 1e9)")
+    parser.add_argument("--world", type=int, default=4)
+    parser.add_argument("--tensor", type=int, default=1 << 22, help="elements per parameter tensor")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        rank_main(args)
+        return
+    import subprocess
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
+           __file__, "--rank", "--params", str(args.params), "--world", str(args.world), "--tensor", str(args.tensor),
+           "--repeat", str(args.repeat)] + (["--json", args.json] if args.json else [])
+    sys.exit(subprocess.call(cmd, env=env))
+
+
+if __name__ == "__main__":
+    main()

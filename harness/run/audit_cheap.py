@@ -1,0 +1,116 @@
+"""What ``harness.audit`` measures of a clip's effects without a copy of the gradients (``restore=False``):
+the parameters' check from their storage, version counters and sampled bits (``ParamMarks``), the
+coefficient from the row norms and samples of the two passes (``cheap_scale``), the non-finite policy
+from what was kept (``cheap_policies``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+
+from harness.clipmath import local_tensor
+from harness.run.effects import canonical_nans
+from harness.run.gradient_pass import Stats, sample_positions
+from harness.run.measure import linear_digest
+
+ROW_SLACK = {torch.float64: 48 * 2.0**-53}
+"""How far a row norm's ratio before/after may stray from the coefficient by the rounding of the row
+norms themselves (``ROW`` elements summed in fp32 on 16 lanes: at most ~21 units in the last place for
+the ratio; twice that here): subtracted before a row's spread counts as non-uniform scaling."""
+_FP32_ROW_SLACK = 48 * 2.0**-24
+
+
+
+# -- the parameters' own check, without a copy ----------------------------------------------------------
+@dataclass
+class ParamMarks:
+    """What a clip must leave alone, kept without copying the parameters: each local tensor's storage,
+    version counter, shape, dtype and sampled bits."""
+
+    marks: dict[str, tuple[int, int, tuple[int, ...], str]]
+    words: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, params: Sequence[tuple[str, nn.Parameter]]) -> "ParamMarks":
+        marks, sampled = {}, {}
+        for name, p in params:
+            t = local_tensor(p).detach()
+            marks[name] = (t.data_ptr(), t._version, tuple(t.shape), str(t.dtype))
+            flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+            positions = torch.tensor(sample_positions(flat.numel()), dtype=torch.int64, device=flat.device)
+            sampled[name] = flat.view(torch.uint8).view(-1, flat.element_size())[positions]
+        by_device: dict[torch.device, list[str]] = {}
+        for name, t in sampled.items():
+            by_device.setdefault(t.device, []).append(name)
+        words: dict[str, list[int]] = {}
+        for names in by_device.values():
+            every: list[int] = torch.cat([sampled[n].reshape(-1) for n in names]).tolist() if names else []
+            at = 0
+            for n in names:
+                k = sampled[n].numel()
+                words[n], at = every[at:at + k], at + k
+        return cls(marks, words)
+
+    def changed(self, after: "ParamMarks") -> list[str]:
+        out = []
+        for name, (ptr, version, shape, dtype) in self.marks.items():
+            now = after.marks.get(name)
+            if now is None:
+                out.append(f"{name} (gone)")
+            elif now[2:] != (shape, dtype):
+                out.append(f"{name} ({shape} {dtype} -> {now[2]} {now[3]})")
+            elif now[0] != ptr:
+                out.append(f"{name} (storage replaced)")
+            elif after.words[name] != self.words[name]:
+                out.append(name)
+            elif now[1] != version:
+                out.append(f"{name} (written in place)")
+        return out
+
+
+# -- the coefficient without a copy ---------------------------------------------------------------------
+def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
+    """(coefficient, residual) from two passes, as ``effects.applied_coefficients`` measures them from
+    copies: the coefficient from the sampled elements (least squares, float64), checked against the
+    ratio of the sums of squares; the residual the largest relative deviation of a sampled element, of
+    a row's norm ratio (minus the row norms' own rounding) and of the two estimates. None where no
+    factor applies (a zero gradient, or a non-finite value before or after)."""
+    if not (before.finite and after.finite) or before.sq == 0.0 or before.rows is None or after.rows is None:
+        return None
+    magnitude = math.sqrt(after.sq / before.sq)
+    slack = ROW_SLACK.get(before.rows.dtype, _FP32_ROW_SLACK)
+    a, b = before.values, after.values
+    denominator = sum(x * x for x in a)
+    c = sum(x * y for x, y in zip(a, b)) / denominator if denominator > 0 else magnitude
+    if c == 0.0:
+        return (0.0, 0.0) if magnitude == 0.0 else (0.0, math.inf)
+    top = max(abs(c * x) for x in a) if a else 0.0
+    sampled = max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) / top if top > 0 else 0.0
+    agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
+    rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
+    held = rows_before > 0
+    spread = 0.0
+    if bool(((~held) & (rows_after != 0)).any()):
+        spread = math.inf  # values appeared where there were only zeros
+    elif bool(held.any()):
+        spread = float(((rows_after[held] / rows_before[held]) - abs(c)).abs().max()) / abs(c)
+    return c, max(sampled, agreement, max(0.0, spread - slack))
+
+
+def cheap_policies(before: Stats, after: torch.Tensor | None, digest_before: str | None) -> dict[str, bool]:
+    """Which non-finite policies one gradient is consistent with, from what was kept: ``leave`` by its
+    digest before and after, ``zero`` and ``poison`` from the gradient after the call."""
+    if after is None:
+        return dict.fromkeys(("leave", "zero", "poison"), False)
+    nan = torch.isnan(after)
+    nans = int(nan.sum())
+    canonical = canonical_nans({"g": after})["g"]
+    assert canonical is not None
+    # zero: every element 0, NaN only where the gradient was not finite (by count: no copy to compare)
+    return {"leave": digest_before is not None and digest_before == linear_digest(canonical),
+            "zero": bool(((after == 0) | nan).all()) and nans <= sum(before.nonfinite),
+            "poison": nans == after.numel()}
