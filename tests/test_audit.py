@@ -144,6 +144,15 @@ def test_a_clip_that_raises_on_one_rank_is_reported_with_rank_and_cause_in_bound
 
 
 @pytest.mark.distributed
+def test_a_clip_that_hangs_on_one_rank_is_reported_in_bounded_time(tmp_path):
+    start = time.monotonic()
+    run = run_job("toy.py", 4, ["hang"], tmp_path, timeout=180)
+    out = run.stdout + run.stderr
+    assert "hang" in out and "ERROR" in out and "rank 1" in out, out[-3000:]
+    assert run.returncode != 0 and time.monotonic() - start < 120
+
+
+@pytest.mark.distributed
 def test_capture_and_replay_round_trip(tmp_path):
     """The layout measured on 4 ranks, saved, replayed on CPU ranks with injected gradients: the replay's
     truth is the audit's (to the rounding of the injected fp32 values), a correct clip passes there and

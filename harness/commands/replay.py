@@ -87,6 +87,9 @@ def audit_on_pool(path: str, targets: Sequence[str] | None, backend: str | None,
     from harness.report.reporter import Reporter
 
     plan, saved = audit_plan(path, targets, None, max_norm)
+    problem = world_problem(saved.world_size, backend or "gloo")
+    if problem:  # a world this machine cannot run: bad input, before any process starts
+        raise UsageError(problem)
     reporter = Reporter(sys.stdout, json_path, saved.world_size, backend or "gloo", verbose, plan.targets)
     with RankPool(saved.world_size, backend=backend, timeout_s=timeout_s) as pool:
         reporter.header(len(plan.cases), [audit_note(saved)])
@@ -98,7 +101,12 @@ def audit_on_pool(path: str, targets: Sequence[str] | None, backend: str | None,
 def audit_note(saved: AuditFile) -> str:
     """What the audit itself found, printed above its replay: the replay's truth must equal it."""
     found = saved.found
+
+    def shown(key: str) -> str:  # the file is someone else's data: nothing it says may forge a line
+        text = str(found.get(key, "?"))
+        return text if text.isprintable() else repr(text)
+
     truth = found.get("truth")
-    what = f"truth {truth!r}" if truth is not None else "no truth"
+    what = f"truth {shown('truth')}" if truth is not None else "no truth"
     return (f"replaying a layout measured by harness.audit on {saved.world_size} rank(s) ({what}, the clip "
-            f"{found.get('target', '?')} reported {found.get('reported', '?')}: {found.get('verdict', '?')})")
+            f"{shown('target')} reported {shown('reported')}: {shown('verdict')})")

@@ -9,7 +9,8 @@ two names). One real forward and backward, then the audit of one of these clips:
 * ``local``: ``torch.nn.utils.clip_grad_norm_`` on the rank's own parameters (no cross-rank reduction);
 * ``tied-twice``: correct but for the tie, counted on both ranks that hold it;
 * ``raise``: raises on rank 1 before its all-reduce (the other ranks wait for it in the collective);
-* ``silent``: clips correctly but returns nothing (the norm is read from the coefficient).
+* ``silent``: clips correctly but returns nothing (the norm is read from the coefficient);
+* ``hang``: rank 1 never reaches its all-reduce (it sleeps), the others wait for it there.
 
     torchrun --nproc_per_node=4 tests/audit_jobs/toy.py MODE OUT.json [restore] [save=PATH] [cuda]
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -101,6 +103,12 @@ def make_clip(model: Toy, mode: str, rank: int, world: int, device: torch.device
         return lambda: reduced(True)
     if mode == "silent":
         return lambda: (reduced(False), None)[1]
+    if mode == "hang":
+        def stuck() -> float:
+            if rank == 1:
+                time.sleep(3600)
+            return reduced(False)
+        return stuck
     if mode == "raise":
         def clip() -> float:
             if rank == 1:
