@@ -169,3 +169,27 @@ def test_capture_and_replay_round_trip(tmp_path):
         case = next(rec for rec in map(json.loads, jsonl.read_text().splitlines()) if rec.get("type") == "case")
         assert case["verdict"] == verdict, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert case["true_norm"] == pytest.approx(found["truth"], rel=1e-6)
+
+
+def test_the_blocked_coefficient_is_the_harness_s_own():
+    """``restore=True`` measures the coefficient in float64 blocks (one block of scratch memory): the same
+    numbers as ``effects.applied_coefficients``, which converts every gradient to float64 at once."""
+    from harness.run import audit_exact
+    from harness.run.effects import applied_coefficients
+
+    g = torch.Generator().manual_seed(3)
+    pre = {"a": torch.randn(3000, generator=g), "b": torch.randn(70, generator=g), "z": torch.zeros(5),
+           "n": torch.tensor([1.0, float("nan")]), "gone": torch.ones(3)}
+    post = {"a": pre["a"] * 0.25, "b": pre["b"] * 0.5 + torch.randn(70, generator=g) * 1e-3, "z": torch.zeros(5),
+            "n": pre["n"] * 0.5, "gone": None}
+    old_block = audit_exact.BLOCK
+    audit_exact.BLOCK = 256  # several blocks per gradient
+    try:
+        blocked = audit_exact.blocked_coefficients(pre, post)
+    finally:
+        audit_exact.BLOCK = old_block
+    whole = applied_coefficients(pre, post)
+    assert blocked["vanished"] == whole["vanished"] == ["gone"]
+    assert blocked["scale"].keys() == whole["scale"].keys() == {"a", "b"}
+    for name in ("a", "b"):
+        assert blocked["scale"][name] == pytest.approx(whole["scale"][name], rel=1e-12)

@@ -57,7 +57,8 @@ from harness.run.audit_cheap import ParamMarks, cheap_policies, cheap_scale
 from harness.run.audit_mesh import job_mesh
 from harness.run.aftermath import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.blame import weigh_groups
-from harness.run.effects import applied_coefficients, canonical_nans, consistent_policies, mangled_reason, sanitize
+from harness.run.audit_exact import blocked_coefficients
+from harness.run.effects import canonical_nans, consistent_policies, mangled_reason, sanitize
 from harness.run.gradient_pass import GradientPass, Stats, dtype_label
 from harness.run.measure import from_digests, linear_digest
 from harness.run.runner import _agree, _guarded, describe_exception
@@ -193,7 +194,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     local: dict[str, Any] = {"mangled": mangled, "stale_truth": False, "undelivered": [],
                              "created": [n for n, g in grads.items() if g is None and after.get(n) is not None]}
     if copies is not None:
-        local.update(applied_coefficients(copies, post))
+        local.update(blocked_coefficients(copies, post))
     else:
         scale = {n: [*pair, before[n].numel] for n in before if n in after_stats
                  if (pair := cheap_scale(before[n], after_stats[n])) is not None}

@@ -1,0 +1,87 @@
+"""The coefficient a clip applied, measured exactly from the copy ``restore=True`` keeps, at the size of a
+real model: ``effects.applied_coefficients``'s numbers (least-squares factor per gradient, the largest
+relative residual), computed in float64 blocks on the gradients' own device, so the measurement needs one
+block of scratch memory, not the float64 copies of every gradient the harness's small cases can afford
+(which took 12 times the gradients' bytes, and a host copy on a GPU)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+
+BLOCK = 1 << 20
+"""Elements converted to float64 at once (8 MiB of scratch per operand)."""
+
+Grads = Mapping[str, "torch.Tensor | None"]
+
+
+def blocked_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
+    """``{"scale": {name: [c, residual, elements]}, "vanished": [...]}`` as ``applied_coefficients`` gives
+    it: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| / (max |a| * |c|); no factor for a gradient
+    with a non-finite value before or after, or an all-zero one. Two passes over each gradient's blocks,
+    the numbers kept on the device and brought to the host once per pass (and, for a gradient whose sums
+    are not finite, its finiteness)."""
+    vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
+    names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
+    if not names:
+        return {"scale": {}, "vanished": vanished}
+    sums = []  # per gradient: sum a*a, sum a*b, max |a|, on its device
+    for name in names:
+        a, b = _flat(pre[name]), _flat(post[name])
+        acc = torch.zeros(3, dtype=torch.float64, device=a.device)
+        for start in range(0, a.numel(), BLOCK):
+            x, y = a[start:start + BLOCK].double(), b[start:start + BLOCK].double()
+            acc[0] += torch.dot(x, x)
+            acc[1] += torch.dot(x, y)
+            acc[2] = torch.maximum(acc[2], _max_abs(x))
+        sums.append(acc)
+    factors: dict[str, float] = {}
+    residuals = []
+    for name, (denom, dot, top) in zip(names, [acc.tolist() for acc in _host(sums)]):
+        a, b = _flat(pre[name]), _flat(post[name])
+        # finite sums prove finite values (a NaN or inf in a or b reaches sum a*a or sum a*b); only a
+        # gradient whose sums are not finite (rare) is checked element by element
+        if not (math.isfinite(denom) and math.isfinite(dot)) and not (
+                bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            continue
+        if denom == 0.0:
+            continue
+        c = dot / denom
+        factors[name] = c
+        worst = torch.zeros((), dtype=torch.float64, device=a.device)
+        for start in range(0, a.numel(), BLOCK):
+            x, y = a[start:start + BLOCK].double(), b[start:start + BLOCK].double()
+            worst = torch.maximum(worst, _max_abs(torch.sub(y, x, alpha=c)))
+        residuals.append((name, worst, top * max(abs(c), 1e-300), a.numel()))
+    worst_host = _host([r[1] for r in residuals])
+    scale = {name: [factors[name], float(w) / scaled_top, numel]
+             for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
+    return {"scale": scale, "vanished": vanished}
+
+
+def _max_abs(x: torch.Tensor) -> torch.Tensor:
+    """max |x| through ``aminmax`` (on CPUs many times faster than ``abs().max()``)."""
+    if not x.numel():
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    low, high = torch.aminmax(x)
+    return torch.maximum(-low, high)
+
+
+def _flat(t: torch.Tensor | None) -> torch.Tensor:
+    assert t is not None  # only present gradients are measured
+    return t.detach().reshape(-1)
+
+
+def _host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors on the host, one transfer per device (a GPU synchronized once, not per gradient)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for indices in by_device.values():
+        moved = torch.stack([tensors[i].reshape(-1) for i in indices]).cpu()
+        for row, i in enumerate(indices):
+            out[i] = moved[row].reshape(tensors[i].shape)
+    return out
