@@ -128,8 +128,8 @@ def rank_main(args: argparse.Namespace) -> None:
         key = "restore" if restore else "audit"
         resident = _rss_kib("VmRSS")
         reset = _reset_peak()
-        audit_s, report, first_s = _timed(lambda: harness.audit(model, clip, max_norm=1e30, restore=restore, blame=False),
-                                 args.repeat)
+        audit_s, report, first_s = _timed(
+            lambda: harness.audit(model, clip, max_norm=1e30, restore=restore, blame=False), args.repeat)
         figures[f"{key}_s"] = audit_s
         figures[f"{key}_first_s"] = first_s
         figures[f"{key}_peak_extra_bytes"] = (_rss_kib("VmHWM") - resident) * 1024 if reset else None

@@ -16,14 +16,15 @@ never touched). The exchanges, in order (rank 0 gathers, decides, and says what 
 4. a second pass (the same sums and samples, the copies' digests again), what the clip did to this
    rank (``local``: the record every check reads), gathered on rank 0 (``audit-record``), which judges
    with ``harness.judge.checks.evaluate``: the same checks, signatures and tolerances as a case;
-5. with ``restore`` (a copy of the gradients was kept): the exact coefficient measurement, and, when
-   the norm is wrong, the one-group runs of the blame (``audit-blame-*``), the gradients put back
-   between runs and at the end;
+5. with ``restore`` (a copy of the gradients was kept): the exact coefficient measurement (``audit_exact``,
+   in float64 blocks on the gradients' device), and, when the norm is wrong, the one-group runs of the
+   blame (``audit-blame-*``), the gradients put back between runs and at the end;
 6. rank 0's verdict to every rank (``audit-verdict``).
 
 Without ``restore`` nothing is copied: the coefficient comes from the row norms and samples of both
-passes (``cheap_scale``), the parameters' check from their storage, version counters and sampled
-elements (``ParamMarks``), and the gradients stay as the clip left them (the audit's call is the step's).
+passes (``audit_cheap.cheap_scale``), the parameters' check from their storage, version counters and
+sampled elements (``audit_cheap.ParamMarks``), and the gradients stay as the clip left them (the audit's
+call is the step's).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import math
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -160,6 +162,8 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     default_group = dist.group.WORLD if dist.is_initialized() else None
     if world.rank == 0:
         world.hang_handler = functools.partial(_rank0_hung, world, measured)
+    else:
+        world.hang_handler = functools.partial(_peer_hung, world)
     clock.lap("snapshot")
     value, error, seconds = _guarded(world, "audit-call", lambda: _materialized(clip()))
     if error is not None:
@@ -478,12 +482,14 @@ def _text(result: CaseResult | None, world: UserWorld) -> str:
 
 
 def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) -> AuditOutcome:
-    """A rank hung or died in the clip: rank 0 reports the case as unjudged, with every error a rank
-    posted (the cause its stuck peers wait for), and tells the stuck ranks the run is over (they then
-    leave with status 3, as in the harness's own cases)."""
-    errors = world.posted_errors()
+    """A rank hung or died in the clip: rank 0 reports the case as unjudged, with what every rank posted
+    (the exception its stuck peers wait for; where each hung rank is stuck), and tells the stuck ranks the
+    run is over (they then leave with status 3, as in the harness's own cases)."""
+    errors = _posts_of_peers(world) if check == "hang" else world.posted_errors()
     if errors:
-        detail = "; ".join(f"rank {r} raised {e}" for r, e in sorted(errors.items())) + f"; then {detail}"
+        said = [f"rank {r} {e}" if e.startswith("hung in ") else f"rank {r} raised {e}"
+                for r, e in sorted(errors.items())]
+        detail = "; ".join(said) + f"; then {detail}"
     result = unjudged_result(measured.case, check, detail, world.world_size) if measured is not None else None
     text = _text(result, world) if result is not None else f"clipcheck audit: {check}: {detail}"
     if world.rank == 0:
@@ -493,10 +499,46 @@ def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) ->
     return AuditOutcome(world.rank, world.world_size, world.backend, "ERROR", text, result, broken=True)
 
 
+PEER_POST_WAIT_S = 5.0
+"""How long a hung rank 0 waits for its peers' posts (their watchdogs fire at about the same time)."""
+
+
+def _posts_of_peers(world: UserWorld) -> dict[int, str]:
+    """What the other ranks posted in this audit, waiting up to ``PEER_POST_WAIT_S`` for every one."""
+    deadline = time.monotonic() + PEER_POST_WAIT_S
+    errors = world.posted_errors()
+    while len(errors) < world.world_size - 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        errors = world.posted_errors()
+    return errors
+
+
+def _innermost(message: str) -> str:
+    """Where a hung rank's stack ends (its last frame and line of code), from the watchdog's message."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.startswith("File ")]
+    if not frames:
+        return message.splitlines()[0] if message else "?"
+    i = frames[-1]
+    code = f" ({lines[i + 1]})" if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+    return lines[i] + code
+
+
+def _peer_hung(world: UserWorld, message: str) -> None:
+    """A rank other than 0 stuck in the clip: says where (``UserWorld.post_error``, read by rank 0's report),
+    then waits for the end of the run as the harness's hung ranks do."""
+    try:
+        world.side_store.set(f"audit{world.audits}/error/{world.rank}", f"hung in {_innermost(message)}")
+    except Exception:  # noqa: BLE001 - best effort: rank 0 reports the hang either way
+        pass
+    world.default_hang_handler(message)
+
+
 def _rank0_hung(world: UserWorld, measured: _Case | None, message: str) -> None:
-    """Rank 0's own watchdog: its main thread is stuck in the clip, so this thread reports the case,
-    ends the run for every rank and leaves (status 3)."""
-    _ended(world, measured, "hang", f"rank 0: {message}")
+    """Rank 0's own watchdog: its main thread is stuck in the clip, so this thread reports the case (rank 0
+    stuck where ``message`` says, and what its peers posted), ends the run for every rank and leaves
+    (status 3)."""
+    _ended(world, measured, "hang", f"rank 0 hung in {_innermost(message)}")
     os._exit(3)
 
 
