@@ -14,6 +14,8 @@ tensors of ``--tensor`` elements (fp32). Each rank's gradients are set, then:
 * audit: ``harness.audit(model, clip, max_norm=...)`` (no restore: nothing copied), the median of
   ``--repeat``, and its phases (``AuditReport.seconds``); ratio = audit / clip (target: at most 3);
 * audit restore: the same with ``restore=True`` (a copy of the gradients kept, the exact coefficient);
+* CPU seconds: the same calls in this rank's own CPU time (``time.process_time``), the cost itself on a
+  machine whose cores are shared (the wall ratio then measures the scheduler as much as the audit);
 * peak memory: each rank's peak resident set during the audit above what it held before it (the
   kernel's high-water mark, reset first through ``/proc/self/clear_refs``), next to its gradients' bytes:
   without ``restore`` well under one copy of the gradients, with it about one copy.
@@ -97,17 +99,20 @@ def _clip(model: Any, world: int) -> Any:
     return clip
 
 
-def _timed(fn: Any, repeat: int) -> tuple[float, Any, float]:
+def _timed(fn: Any, repeat: int) -> tuple[float, Any, float, float]:
+    """(median wall seconds, the last value, the first call's wall seconds, median CPU seconds of this
+    process: what the call itself cost this rank, whatever else the machine's cores were doing)."""
     import torch.distributed as dist
 
-    times, value = [], None
+    times, cpu, value = [], [], None
     for _ in range(repeat):
         dist.barrier()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         value = fn()
+        cpu.append(time.process_time() - start_cpu)
         dist.barrier()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), value, times[0]
+    return statistics.median(times), value, times[0], statistics.median(cpu)
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -122,16 +127,17 @@ def rank_main(args: argparse.Namespace) -> None:
     model = _model(args.params, world, rank, args.tensor)
     grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     clip = _clip(model, world)
-    clip_s, _, _ = _timed(clip, args.repeat)
-    figures: dict[str, Any] = {"rank": rank, "grad_bytes": grad_bytes, "clip_s": clip_s}
+    clip_s, _, _, clip_cpu = _timed(clip, args.repeat)
+    figures: dict[str, Any] = {"rank": rank, "grad_bytes": grad_bytes, "clip_s": clip_s, "clip_cpu_s": clip_cpu}
     for restore in (False, True):
         key = "restore" if restore else "audit"
         resident = _rss_kib("VmRSS")
         reset = _reset_peak()
-        audit_s, report, first_s = _timed(
+        audit_s, report, first_s, audit_cpu = _timed(
             lambda: harness.audit(model, clip, max_norm=1e30, restore=restore, blame=False), args.repeat)
         figures[f"{key}_s"] = audit_s
         figures[f"{key}_first_s"] = first_s
+        figures[f"{key}_cpu_s"] = audit_cpu
         figures[f"{key}_peak_extra_bytes"] = (_rss_kib("VmHWM") - resident) * 1024 if reset else None
         figures[f"{key}_phases"] = report.seconds
         figures[f"{key}_verdict"] = report.verdict
@@ -157,6 +163,10 @@ def _report(args: argparse.Namespace, every: list[dict[str, Any]]) -> None:
     print(f"  audit              {audit_s:8.3f} s   ratio {audit_s / clip_s:5.2f} (target <= 3)   "
           f"verdict {every[0]['audit_verdict']}; the first audit of the process (imports) {first_s:.3f} s")
     print(f"  audit restore=True {restore_s:8.3f} s   ratio {restore_s / clip_s:5.2f}")
+    cpu = {key: statistics.median(f[f"{key}_cpu_s"] for f in every) for key in ("clip", "audit", "restore")}
+    print(f"  CPU seconds per rank (median over ranks): clip {cpu['clip']:.3f}, audit {cpu['audit']:.3f} "
+          f"(ratio {cpu['audit'] / cpu['clip']:.2f}), restore=True {cpu['restore']:.3f} "
+          f"(ratio {cpu['restore'] / cpu['clip']:.2f})")
     for key in ("audit", "restore"):
         if every[0][f"{key}_verdict"] != "PASS":
             print(every[0][f"{key}_text"])
