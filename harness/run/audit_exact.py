@@ -7,7 +7,7 @@ block of scratch memory, not the float64 copies of every gradient the harness's 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 
@@ -31,8 +31,7 @@ def blocked_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     for name in names:
         a, b = _flat(pre[name]), _flat(post[name])
         acc = torch.zeros(3, dtype=torch.float64, device=a.device)
-        for start in range(0, a.numel(), BLOCK):
-            x, y = a[start:start + BLOCK].double(), b[start:start + BLOCK].double()
+        for x, y in _blocks(a, b):
             acc[0] += torch.dot(x, x)
             acc[1] += torch.dot(x, y)
             acc[2] = torch.maximum(acc[2], _max_abs(x))
@@ -51,14 +50,28 @@ def blocked_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
         c = dot / denom
         factors[name] = c
         worst = torch.zeros((), dtype=torch.float64, device=a.device)
-        for start in range(0, a.numel(), BLOCK):
-            x, y = a[start:start + BLOCK].double(), b[start:start + BLOCK].double()
-            worst = torch.maximum(worst, _max_abs(torch.sub(y, x, alpha=c)))
+        for x, y in _blocks(a, b):
+            worst = torch.maximum(worst, _max_abs(y.sub_(x, alpha=c)))
         residuals.append((name, worst, top * max(abs(c), 1e-300), a.numel()))
     worst_host = _host([r[1] for r in residuals])
     scale = {name: [factors[name], float(w) / scaled_top, numel]
              for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
     return {"scale": scale, "vanished": vanished}
+
+
+def _blocks(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``a`` and ``b`` block by block in float64, converted into two scratch buffers allocated once per
+    gradient (a fresh float64 tensor per block left the CPU allocator holding about one more copy of
+    the gradients by the end: measured, 256 MiB for 256 MiB of gradients). ``y`` may be overwritten."""
+    n = min(BLOCK, a.numel())
+    bx = torch.empty(n, dtype=torch.float64, device=a.device)
+    by = torch.empty(n, dtype=torch.float64, device=a.device)
+    for start in range(0, a.numel(), BLOCK):
+        k = min(BLOCK, a.numel() - start)
+        x, y = bx[:k], by[:k]
+        x.copy_(a[start:start + k])
+        y.copy_(b[start:start + k])
+        yield x, y
 
 
 def _max_abs(x: torch.Tensor) -> torch.Tensor:
