@@ -12,7 +12,8 @@ tensors of ``--tensor`` elements (fp32). Each rank's gradients are set, then:
 * clip: one call of a correct clip (the local sums of squares, by rows of ``ROWS`` elements, with replicas
   weighted 1/world, one all-reduce, ``clip_grads_with_norm_``), the median of ``--repeat`` calls;
 * audit: ``harness.audit(model, clip, max_norm=...)`` (no restore: nothing copied), the median of
-  ``--repeat`` after a first audit timed apart (it imports the judge and the reporter), and its phases (``AuditReport.seconds``); ratio = audit / clip (target: at most 3);
+  ``--repeat`` after a first audit timed apart (it imports the judge and the reporter), and its phases
+  (``AuditReport.seconds``); ratio = audit / clip (target: at most 3);
 * audit restore: the same with ``restore=True`` (a copy of the gradients kept, the exact coefficient);
 * CPU seconds: the same calls in this rank's own CPU time (``time.process_time``), the cost itself on a
   machine whose cores are shared (the wall ratio then measures the scheduler as much as the audit);
