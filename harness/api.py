@@ -28,7 +28,8 @@ from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
 from harness.report.reporter import Reporter
-from harness.judge.verdicts import EXIT_PASS
+from harness.judge.verdicts import EXIT_PASS, count
+from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
 
 
@@ -39,13 +40,16 @@ class CheckReport:
     records: list[Record] = field(default_factory=list)
     text: str = ""
     status: int = EXIT_PASS
+    """The command line's exit status for the same run (``verdicts``): 0 only when every case passed
+    and at least one was judged; 4 when nothing was judged (every case a SKIP)."""
     skipped: list[str] = field(default_factory=list)
     """Worlds this machine cannot run (e.g. more ranks than GPUs on nccl), each with its reason."""
 
     @property
     def passed(self) -> bool:
-        """Every case passed (no failure, no harness error, nothing unjudged)."""
-        return self.status == EXIT_PASS and bool(self.cases)
+        """Every case passed (no failure, no harness error, nothing unjudged), and some case was
+        judged: a selection that is all SKIPs (a framework not installed) has not passed."""
+        return self.status == EXIT_PASS
 
     @property
     def cases(self) -> list[CaseRecord]:
@@ -110,6 +114,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     if variant is not None:
         raw["variant"] = variant
     spec = spec_from_mapping(raw, source="harness.check")
+    problem = timeout_problem(timeout_s, "timeout_s")
+    if problem:
+        raise ClipcheckInputError(problem)
     backend = backend or default_backend()
     report = CheckReport()
     runnable = []
@@ -127,23 +134,23 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
         print(f"skipped: {line}", file=out)
     for world, plan in planned.items():
         given = (pools or {}).get(world)
-        pool = given or RankPool(world, backend=backend, timeout_s=timeout_s)
+        pool = given or RankPool(world, backend=backend, timeout_s=timeout_s, import_main=False)
         try:
-            report.status = max(report.status, _run_plan(pool, plan, world, backend, out, report.records, blame))
+            _run_plan(pool, plan, world, backend, out, report.records, blame)
         finally:
             if given is None:
                 pool.close()
     report.text = out.getvalue()
+    report.status = count(report.records).status  # over every world: 4 at one must not hide 3 at another
     return report
 
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
-              records: list[Record], blame: bool | str) -> int:
+              records: list[Record], blame: bool | str) -> None:
     pool.run(forget_blame)  # the plan's weighings are its own
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
     for case in plan.cases:
         reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))
-    status = reporter.finish()
+    reporter.finish()
     records.extend(reporter.records)
-    return status

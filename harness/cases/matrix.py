@@ -215,6 +215,8 @@ def load_matrix(path: str) -> MatrixSpec:
         raw = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise LayoutError(f"matrix file {path!r} is not valid {file.suffix.lstrip('.') or 'TOML'}: {exc}") from None
+    except RecursionError:  # the parsers recurse once per level of nesting
+        raise LayoutError(f"matrix file {path!r} nests too deeply to be a matrix") from None
     if not isinstance(raw, dict):
         raise LayoutError(f"matrix file {path!r} must hold a table of axes, got {type(raw).__name__}")
     return spec_from_mapping(raw, source=path)

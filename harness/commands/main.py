@@ -19,6 +19,8 @@ SUBCOMMANDS = {
 }
 
 
+EXIT_INTERRUPTED = 130
+
 SUMMARIES = {
     "run": "launch N ranks on this machine and run the selected cases (clipcheck run --nproc 4 --scenario dense_dp)",
     "matrix": "the matrix at every world size, merged: summary, JSON Lines, JUnit, report.html",
@@ -56,6 +58,8 @@ def version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit status; an interruption (Ctrl-C) that reaches this far is 130, quietly
+    (the commands that stop ranks record what the interruption cut short themselves)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["--help"], ["-h"]):
         print(top_level_help())
@@ -63,16 +67,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv == ["--version"]:
         print(version())
         return 0
-    if argv and argv[0] in SUBCOMMANDS:
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
-    from harness.commands.run import run_main
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        from harness.commands.run import run_main
 
-    return run_main(argv)
+        return run_main(argv)
+    except KeyboardInterrupt:
+        print("clipcheck: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def process_main() -> int:
+    """``main`` as this process's own entry point (``clipcheck``, ``python -m harness``): the process
+    dies with the launcher that started it, if one did, and leaves none of its descendants behind
+    (``run.family``: a rank's or a clip's children, a launch's orphans)."""
+    from harness.run.family import end_descendants, keep_together
+
+    keep_together()
+    try:
+        return main()
+    finally:
+        end_descendants()
 
 
 def main_entry() -> None:
     """Console-script entry point (``clipcheck ...``), same as ``python -m harness``."""
-    leave(main())
+    leave(process_main())
 
 
 def leave(status: int | None) -> NoReturn:
