@@ -2,12 +2,12 @@
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.commands.main import leave, main
+from harness.commands.main import leave, process_main
 
 
 @record
 def _entry() -> int:
-    return main()
+    return process_main()
 
 
 if __name__ == "__main__":

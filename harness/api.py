@@ -28,7 +28,8 @@ from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
 from harness.report.reporter import Reporter
-from harness.judge.verdicts import EXIT_PASS
+from harness.judge.verdicts import EXIT_PASS, count
+from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
 
 
@@ -39,13 +40,16 @@ class CheckReport:
     records: list[Record] = field(default_factory=list)
     text: str = ""
     status: int = EXIT_PASS
+    """The command line's exit status for the same run (``verdicts``): 0 only when every case passed
+    and at least one was judged; 4 when nothing was judged (every case a SKIP)."""
     skipped: list[str] = field(default_factory=list)
     """Worlds this machine cannot run (e.g. more ranks than GPUs on nccl), each with its reason."""
 
     @property
     def passed(self) -> bool:
-        """Every case passed (no failure, no harness error, nothing unjudged)."""
-        return self.status == EXIT_PASS and bool(self.cases)
+        """Every case passed (no failure, no harness error, nothing unjudged), and some case was
+        judged: a selection that is all SKIPs (a framework not installed) has not passed."""
+        return self.status == EXIT_PASS
 
     @property
     def cases(self) -> list[CaseRecord]:
@@ -88,7 +92,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
           seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
-          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto") -> CheckReport:
+          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto", plans: str = "all") -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
@@ -98,8 +102,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards.
     ``blame``: for a case with a wrong norm, the weight the target gives each parameter group (each
     record's ``blame``; printed under the case): ``"auto"`` (the default) once per layout, target, norm
-    and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never."""
-    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed}
+    and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
+    (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``)."""
+    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed, "plans": plans}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
                        ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
         if value is not None:
@@ -109,6 +114,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     if variant is not None:
         raw["variant"] = variant
     spec = spec_from_mapping(raw, source="harness.check")
+    problem = timeout_problem(timeout_s, "timeout_s")
+    if problem:
+        raise ClipcheckInputError(problem)
     backend = backend or default_backend()
     report = CheckReport()
     runnable = []
@@ -120,29 +128,29 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
             runnable.append(world)
     if not runnable:
         raise ClipcheckInputError("nothing to run" + "".join(f"; {line}" for line in report.skipped))
-    plans = {world: plan_cases(spec, world, backend) for world in runnable}  # every input error first
+    planned = {world: plan_cases(spec, world, backend) for world in runnable}  # every input error first
     out = io.StringIO()
     for line in report.skipped:
         print(f"skipped: {line}", file=out)
-    for world, plan in plans.items():
+    for world, plan in planned.items():
         given = (pools or {}).get(world)
-        pool = given or RankPool(world, backend=backend, timeout_s=timeout_s)
+        pool = given or RankPool(world, backend=backend, timeout_s=timeout_s, import_main=False)
         try:
-            report.status = max(report.status, _run_plan(pool, plan, world, backend, out, report.records, blame))
+            _run_plan(pool, plan, world, backend, out, report.records, blame)
         finally:
             if given is None:
                 pool.close()
     report.text = out.getvalue()
+    report.status = count(report.records).status  # over every world: 4 at one must not hide 3 at another
     return report
 
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
-              records: list[Record], blame: bool | str) -> int:
+              records: list[Record], blame: bool | str) -> None:
     pool.run(forget_blame)  # the plan's weighings are its own
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
     for case in plan.cases:
         reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))
-    status = reporter.finish()
+    reporter.finish()
     records.extend(reporter.records)
-    return status

@@ -13,6 +13,7 @@ The command line is ``harness.commands.fuzz``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -21,6 +22,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 
+from harness.cases.matrix import PLAN_PROFILES
+from harness.cases.variant import with_honest_plan
+from harness.errors import ClipcheckInputError
 from harness.judge.blame import blame_lines
 from harness.judge.checks import CaseResult
 from harness.judge.records import FuzzRecord
@@ -69,7 +73,7 @@ FLAKY = ("failed when first drawn, passed when the same example ran again: the f
 
 def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None, shrink: bool = True,
          derandomize: bool = False, on_example: Callable[[int, CaseResult], None] | None = None,
-         database: Any = None, blame: bool = True) -> FuzzReport:
+         database: Any = None, blame: bool = True, plans: str = "all") -> FuzzReport:
     """Fuzz ``target`` on ``pool``'s world for up to ``examples`` drawn cases. ``database``: a
     hypothesis example database (e.g. ``DirectoryBasedExampleDatabase(".hypothesis")``) to replay
     earlier failures first; None (the default) keeps nothing between runs. ``blame``: re-run the
@@ -83,6 +87,8 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(drawn_cases(pool.world_size))
     def property_holds(drawn: DrawnCase) -> None:
+        if plans == "honest":
+            drawn = dataclasses.replace(drawn, variant=with_honest_plan(drawn.variant))
         if report.crash is not None:  # no shrinking after a crash: only the crashed example fails
             if drawn == report.minimal:
                 _fail(report.crash)

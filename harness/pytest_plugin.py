@@ -82,9 +82,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def configured_timeout(config: pytest.Config) -> float:
-    """--clipcheck-timeout, else the ini value."""
+    """--clipcheck-timeout, else the ini value; one that cannot be a timeout (inf, 1e12) is a usage error."""
     value = config.getoption("--clipcheck-timeout", default=None)
-    return float(value if value is not None else config.getini("clipcheck_timeout"))
+    return checked_timeout(value if value is not None else config.getini("clipcheck_timeout"), "clipcheck timeout")
+
+
+def checked_timeout(value: Any, what: str) -> float:
+    from harness.run.watchdog import timeout_problem
+
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{what} must be a number of seconds, got {value!r}") from None
+    problem = timeout_problem(seconds, what)
+    if problem:
+        raise pytest.UsageError(problem)
+    return seconds
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -179,7 +192,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     else:
         raise pytest.UsageError(f"{pyfuncitem.nodeid}: use @pytest.mark.world_size(n) with a positive int n "
                                 "(or a list of them)")
-    timeout = float(marker.kwargs.get("timeout") or configured_timeout(pyfuncitem.config))
+    timeout = (checked_timeout(marker.kwargs["timeout"], f"{pyfuncitem.nodeid}: world_size(timeout=...)")
+               if marker.kwargs.get("timeout") else configured_timeout(pyfuncitem.config))
     backend = marker.kwargs.get("backend")
     reason = _world_skip(world_size, backend)
     if reason:

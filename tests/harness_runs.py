@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,74 @@ def expect_skips(run: HarnessRun, framework: Any, *targets: str) -> None:
 
 def descendants(pid: int) -> set[int]:
     """Every live process whose ancestry reaches pid (read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
+    from harness.run.family import descendants as of
+
+    return of(pid)
+
+
+def alive(pids: set[int]) -> list[int]:
+    """Those of ``pids`` that still run (zombies excepted)."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def harness_env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                **extra)
+
+
+def start_harness(args: list[str], launcher: list[str] | None = None, **env: str) -> subprocess.Popen:
+    """``python -m harness ARGS`` (or ``LAUNCHER ARGS``) in the background, output captured; the caller
+    waits for it (``communicate`` with a timeout) or kills it."""
+    return subprocess.Popen([*(launcher or [sys.executable, "-m", "harness"]), *args], cwd=ROOT, env=harness_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    """Poll ``condition()`` every half second; fail the test with ``what`` if it never holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of a JSON Lines file, [] if there is none yet."""
+    if not path.exists():
+        return []
+    from harness.judge.records import read_records
+
+    return list(read_records(str(path)))  # type: ignore[arg-type]
+
+
+def listening_addresses(pids: set[int]) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of every listening TCP socket the
+    processes ``pids`` hold: 0100007F is 127.0.0.1; 00000000 or all zeros the wildcard."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
             try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-            if fields[0] != "Z":
-                parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                found.append(fields[1].rsplit(":", 1)[0])
     return found

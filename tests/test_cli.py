@@ -29,7 +29,9 @@ def test_list_shows_scenarios_and_targets():
         (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
         (["--variant", "zzz"], "1", "matches no layout variant"),
         (["--backend", "nccl"], "1", "backend nccl needs CUDA"),
-        (["--timeout", "0"], "1", "--timeout must be positive"),
+        (["--timeout", "0"], "1", "--timeout must be a positive number of seconds"),
+        (["--timeout", "inf"], "1", "--timeout must be a positive number of seconds, at most 86400"),
+        (["--timeout", "1e12"], "1", "--timeout must be a positive number of seconds, at most 86400"),
         (["--json", "/nonexistent-dir/out.jsonl"], "1", "--json /nonexistent-dir/out.jsonl:"),
         (["--junit", "/proc/junit.xml"], "1", "--junit /proc/junit.xml:"),
     ],
@@ -76,3 +78,17 @@ def test_single_process_run_without_a_launcher():
     assert proc.returncode == 0, proc.stderr
     # 2 dtypes x 2 norm types x 2 bounds (below and above the true norm) by default
     assert "summary: 8 cases, 8 passed" in proc.stdout
+
+
+def test_help_lists_the_commands_and_the_exit_statuses_and_version_says_what_runs():
+    from harness.commands.main import SUBCOMMANDS
+    from harness.judge.verdicts import EXIT_STATUSES
+
+    shown = run_cli(["--help"])
+    assert shown.returncode == 0
+    for name in SUBCOMMANDS:
+        assert f"\n  {name} " in shown.stdout, name
+    for status, meaning in EXIT_STATUSES.items():
+        assert f"  {status}  {meaning}" in shown.stdout
+    version = run_cli(["--version"])
+    assert version.returncode == 0 and version.stdout.startswith("clipcheck ") and "torch 2." in version.stdout

@@ -75,3 +75,17 @@ def test_the_sweep_table_says_which_release_has_which_finding():
     (nan_row,) = [line for text, line in rows.items() if "fmaxf" in text]
     assert nan_row.endswith("| direct-call | 1 | - | - |")
     assert rows["unexplained FAIL rows"].endswith("| ? | - | 1 | - |")
+
+
+def test_one_finding_text_reached_two_ways_is_two_rows_of_the_sweep():
+    from harness.commands.sweep import ReleaseRun, sweep_table
+    from harness.targets.frameworks import Framework
+
+    stock_row = dict(_case("deepspeed", "edp=1 ep=2 owner-sharded", "FAIL"), finding={
+        "upstream": "ds #1", "note": "mean", "reach": "stock", "how": "engine", "owner": None, "repro": None,
+        "text": "ds #1: mean"})
+    direct_row = dict(stock_row, layout="edp=1 ep=2 expert-no-grad",
+                      finding=dict(stock_row["finding"], reach="direct-call", how="a custom loop"))
+    table = sweep_table(Framework("deepspeed", "json", "deepspeed", "hint"),
+                        [ReleaseRun("1.0", records=[stock_row, direct_row, direct_row])])
+    assert "| ds #1: mean | stock | 1 |" in table and "| ds #1: mean | direct-call | 2 |" in table

@@ -102,14 +102,14 @@ def test_a_blob_that_inflates_past_the_cap_is_refused():
         decode(blob)
 
 
-def test_a_blob_naming_a_file_target_needs_permission():
+def test_a_blob_naming_a_file_target_needs_it_named_on_the_command_line():
     blob = _blob(target="evil.py:clip")
-    with pytest.raises(UsageError, match="--allow-target-path"):
-        decode_trusted(blob, allow_target_path=False)
-    assert decode_trusted(blob, allow_target_path=True)[1] == "evil.py:clip"
-    assert decode_trusted(_blob(target="reference"), allow_target_path=False)[1] == "reference"
+    with pytest.raises(UsageError, match="--target evil.py:clip"):
+        decode_trusted(blob)
+    assert decode_trusted(blob, ["evil.py:clip"])[1] == "evil.py:clip"
+    assert decode_trusted(_blob(target="reference"))[1] == "reference"
     proc = run_cli(["--replay", blob])
-    assert proc.returncode == 2 and "--allow-target-path" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "--target evil.py:clip" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # -- the warm world's store ----------------------------------------------------------------------------------

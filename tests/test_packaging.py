@@ -24,7 +24,7 @@ from harness.run.torch_compat import torch_release
 from harness.targets.registry import builtin_scenarios
 from harness_runs import ROOT
 
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "harness", "scenarios")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "harness", "scenarios")
 DECOY = 'raise ImportError("decoy: the scenarios/ folder of the working directory was imported")\n'
 
 
@@ -59,7 +59,7 @@ def test_wheel_carries_every_module_the_scenarios_and_the_package_data(wheel):
                 if "__pycache__" not in p.parts}
     expected |= {f"harness/scenarios/{p.relative_to(ROOT / 'scenarios').as_posix()}"
                  for p in (ROOT / "scenarios").rglob("*.py") if "__pycache__" not in p.parts}
-    expected |= {"harness/default_matrix.toml", "harness/scenarios/__init__.py",
+    expected |= {"harness/default_matrix.toml", "harness/py.typed", "harness/scenarios/__init__.py",
                  "harness/scenarios/deepspeed/adapter.py"}
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
     assert not [n for n in names if n.startswith("scenarios/")], "a top-level scenarios package would shadow"
@@ -103,6 +103,15 @@ def test_docs_and_readme_give_the_figures_of_each_release_run_and_the_range():
     assert f"`{declared}`" in doc
     readme = (ROOT / "README.md").read_text()
     assert f"`{declared}`" in readme and "docs/torch-versions.md" in readme
+
+
+def test_wheel_says_its_license_and_what_it_is(wheel):
+    meta = email.parser.Parser().parsestr(_metadata(wheel, "METADATA"))
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in wheel.namelist())
+    classifiers = meta.get_all("Classifier") or []
+    assert "Typing :: Typed" in classifiers and "Framework :: Pytest" in classifiers
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
 
 
 def test_wheel_has_the_console_script_and_the_pytest_plugin(wheel):

@@ -7,11 +7,19 @@ single copy-pasteable token, so a shrunk fuzz failure is one command away from b
 This module is the blob format (and the one-case spec it stands for); running one is
 ``harness.commands.replay``.
 
-The blob is zlib-compressed JSON in URL-safe base64. It names a *target*, and a target is code:
-a registered name is harmless, a ``module:function`` is imported, and a ``path/to/file.py:function``
-is executed on every rank. A blob is data from someone else, so a file-path target is refused unless
-``--allow-target-path`` is given; a blob's world size and decompressed size are capped, and its norm
-type and bound get the same validation as the command line's.
+The blob is zlib-compressed JSON in URL-safe base64, and it is data from someone else:
+
+* it names a *target*, and a target is code: a built-in name is harmless, but a ``module:function``
+  is imported (the working directory is on the import path: ``evilmod:fn`` runs ``./evilmod.py``)
+  and a ``path/to/file.py:function`` executed, on every rank. A blob may therefore name such a
+  target only when the command line names the same one (``--target``); the replay command the
+  fuzzer prints does;
+* every field is checked for its JSON type (a shape of ``4.5`` or ``"4"`` is an error, not a
+  coercion), the mesh must hold exactly the blob's world, the parameters at most ``MAX_ELEMENTS``
+  elements in all (a blob cannot make every rank allocate 2**40 of them), and names and labels must be
+  printable (a newline or an ANSI escape in a label could forge a line of the report);
+* its world size is capped, its decompressed size too, and its norm type and bound get the same
+  validation as the command line's.
 """
 
 from __future__ import annotations
@@ -19,10 +27,10 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
+import shlex
 import sys
 import zlib
-from typing import Any
+from typing import Any, Callable, Sequence, TypeVar
 
 from harness.cases.variant import CaseSpec, Variant, parse_norm_type
 from harness.cases.injection import Injection
@@ -34,6 +42,10 @@ from harness.strategies import DrawnCase, DrawnScenario
 _PREFIX = "cc1."
 MAX_WORLD = 64
 MAX_DECOMPRESSED = 1 << 20
+MAX_ELEMENTS = 1 << 22
+"""Logical elements a blob's parameters may hold in all (drawn cases hold a few thousand)."""
+
+T = TypeVar("T")
 
 
 def _placement(p: Placement) -> Any:
@@ -41,7 +53,43 @@ def _placement(p: Placement) -> Any:
 
 
 def _unplacement(x: Any) -> Placement:
-    return Replicate() if x == "R" else Shard(int(x))
+    return Replicate() if x == "R" else Shard(_int(x, "a placement (\"R\" or a tensor dim)"))
+
+
+def _int(x: Any, what: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise LayoutError(f"{what} must be an integer, got {x!r}")
+    return x
+
+
+def _number(x: Any, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise LayoutError(f"{what} must be a number, got {x!r}")
+    return float(x)
+
+
+def _bool(x: Any, what: str) -> bool:
+    if not isinstance(x, bool):
+        raise LayoutError(f"{what} must be true or false, got {x!r}")
+    return x
+
+
+def _name(x: Any, what: str) -> str:
+    if not isinstance(x, str) or not x.isprintable():
+        raise LayoutError(f"{what} must be printable text, got {x!r}")
+    return x
+
+
+def _list(x: Any, what: str, item: Callable[[Any], T]) -> list[T]:
+    if not isinstance(x, list):
+        raise LayoutError(f"{what} must be a list, got {x!r}")
+    return [item(v) for v in x]
+
+
+def _dict(x: Any, what: str) -> dict[str, Any]:
+    if not isinstance(x, dict):
+        raise LayoutError(f"{what} must be an object, got {x!r}")
+    return x
 
 
 def _num(x: float) -> Any:
@@ -77,7 +125,8 @@ def encode(drawn: DrawnCase, target: str) -> str:
 
 
 def decode(blob: str) -> tuple[DrawnCase, str]:
-    """The drawn case and target a blob holds; UsageError for anything that is not a valid blob."""
+    """The drawn case and target a blob holds; UsageError for anything that is not a valid blob, or
+    not a case that could run (``_case``)."""
     try:
         if not blob.startswith(_PREFIX):
             raise ValueError("unknown format")
@@ -87,45 +136,93 @@ def decode(blob: str) -> tuple[DrawnCase, str]:
         if inflater.unconsumed_tail:
             raise ValueError(f"it decompresses to more than {MAX_DECOMPRESSED} bytes")
         doc = json.loads(raw)
-        mesh = MeshSpec(tuple((str(n), int(s)) for n, s in doc["mesh"]))
-        params = tuple(
-            ParamSpec(name, tuple(shape), tuple((d, _unplacement(p)) for d, p in placements.items()),
-                      None if present is None else frozenset(present), trainable)
-            for name, shape, placements, present, trainable in doc["params"]
-        )
-        inj = doc["injection"]
-        injection = Injection(seed=inj["seed"], dtype=inj["dtype"], scale=inj["scale"], zero=frozenset(inj["zero"]),
-                              none_on=tuple((n, frozenset(r)) for n, r in inj["none_on"].items()),
-                              nonfinite=tuple(tuple(x) for x in inj["nonfinite"]))
-        declared = {n: {d: _unplacement(p) for d, p in axes.items()} for n, axes in doc["declared"].items()}
-        variant = Variant(doc["label"], Layout(mesh, params), injection, declared,
-                          dtensor=bool(doc.get("dtensor", False)), plain=frozenset(map(str, doc.get("plain", []))))
-        world = int(doc["world"])
-        if not 1 <= world <= MAX_WORLD:
-            raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")
-        max_norm = float(doc["max_norm"])
-        if not (math.isfinite(max_norm) and max_norm > 0):
-            raise LayoutError(f"max_norm must be a positive finite number, got {doc['max_norm']!r}")
-        drawn = DrawnCase(variant, parse_norm_type(str(doc["norm"])), max_norm, world)
-        return drawn, str(doc["target"])
+    except RecursionError:
+        raise UsageError("not a replay blob (its JSON is nested too deeply)") from None
+    except (ValueError, TypeError, zlib.error) as exc:
+        raise UsageError(f"not a replay blob ({exc.__class__.__name__}: {exc})") from None
+    try:
+        return _case(_dict(doc, "the blob"))
     except LayoutError as exc:
         raise UsageError(f"replay blob describes an invalid case: {exc}") from None
-    except (ValueError, KeyError, TypeError, zlib.error, json.JSONDecodeError) as exc:
-        raise UsageError(f"not a replay blob ({exc.__class__.__name__}: {exc})") from None
+    except KeyError as exc:
+        raise UsageError(f"replay blob describes an invalid case: it has no {exc}") from None
 
 
-def check_target_allowed(target: str, allow_target_path: bool) -> None:
-    """A blob's file-path target runs that file on every rank: only when the user says so."""
-    location = target.rpartition(":")[0]
-    if is_import_path(target) and (location.endswith(".py") or "/" in location or os.sep in location) \
-            and not allow_target_path:
-        raise UsageError(f"the replay blob names the file {location!r} as its target, which would be executed "
-                         "on every rank; pass --allow-target-path if you trust it")
+def _case(doc: dict[str, Any]) -> tuple[DrawnCase, str]:
+    world = _int(doc["world"], "world")
+    if not 1 <= world <= MAX_WORLD:
+        raise LayoutError(f"world size {world} is outside 1..{MAX_WORLD}")
+    mesh = MeshSpec(tuple(_list(doc["mesh"], "mesh", _mesh_axis)))
+    mesh.check_world(world)
+    params = tuple(_list(doc["params"], "params", _param))
+    total = sum(p.numel for p in params)
+    if total > MAX_ELEMENTS:
+        raise LayoutError(f"its parameters hold {total} elements, more than the {MAX_ELEMENTS} a replay may allocate")
+    inj = _dict(doc["injection"], "injection")
+    injection = Injection(
+        seed=_int(inj["seed"], "injection seed"), dtype=_name(inj["dtype"], "injection dtype"),
+        scale=_number(inj["scale"], "injection scale"),
+        zero=frozenset(_list(inj["zero"], "injection zero", lambda n: _name(n, "a parameter name"))),
+        none_on=tuple((_name(n, "a parameter name"), frozenset(_list(r, "no-grad ranks", lambda x: _int(x, "a rank"))))
+                      for n, r in _dict(inj["none_on"], "injection none_on").items()),
+        nonfinite=tuple(_list(inj["nonfinite"], "injection nonfinite", _nonfinite)))
+    declared = {_name(n, "a parameter name"): {_name(d, "a mesh axis name"): _unplacement(p)
+                                               for d, p in _dict(axes, "a declared placement").items()}
+                for n, axes in _dict(doc["declared"], "declared").items()}
+    variant = Variant(_name(doc["label"], "label"), Layout(mesh, params), injection, declared,
+                      dtensor=_bool(doc.get("dtensor", False), "dtensor"),
+                      plain=frozenset(_list(doc.get("plain", []), "plain", lambda n: _name(n, "a parameter name"))))
+    max_norm = doc["max_norm"]
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not (
+            math.isfinite(max_norm) and max_norm > 0):
+        raise LayoutError(f"max_norm must be a positive finite number, got {max_norm!r}")
+    norm = doc["norm"]
+    if isinstance(norm, bool) or not isinstance(norm, (str, int, float)):
+        raise LayoutError(f"norm must be a number or its name, got {norm!r}")
+    drawn = DrawnCase(variant, parse_norm_type(str(norm)), float(max_norm), world)
+    return drawn, _name(doc["target"], "target")
 
 
-def decode_trusted(blob: str, allow_target_path: bool) -> tuple[DrawnCase, str]:
+def _mesh_axis(x: Any) -> tuple[str, int]:
+    if not isinstance(x, list) or len(x) != 2:
+        raise LayoutError(f"a mesh axis must be [name, size], got {x!r}")
+    return _name(x[0], "a mesh axis name"), _int(x[1], "a mesh axis size")
+
+
+def _param(fields: Any) -> ParamSpec:
+    if not isinstance(fields, list) or len(fields) != 5:
+        raise LayoutError(f"a parameter must be [name, shape, placements, present ranks, trainable], got {fields!r}")
+    name, shape, placements, present, trainable = fields
+    name = _name(name, "a parameter name")
+    dims = _list(shape, f"the shape of {name!r}", lambda d: _int(d, f"a dim of {name!r}"))
+    if any(d < 1 for d in dims):
+        raise LayoutError(f"parameter {name!r} has a dim below 1 in shape {dims}")
+    return ParamSpec(name, tuple(dims),
+                     tuple((_name(d, "a mesh axis name"), _unplacement(p))
+                           for d, p in _dict(placements, f"the placements of {name!r}").items()),
+                     None if present is None else frozenset(
+                         _list(present, f"the ranks of {name!r}", lambda r: _int(r, "a rank"))),
+                     _bool(trainable, f"whether {name!r} is trainable"))
+
+
+def _nonfinite(x: Any) -> tuple[str, int, str]:
+    if not isinstance(x, list) or len(x) != 3:
+        raise LayoutError(f"a non-finite entry must be [parameter, flat index, kind], got {x!r}")
+    return _name(x[0], "a parameter name"), _int(x[1], "a flat index"), _name(x[2], "a non-finite kind")
+
+
+def check_target_allowed(target: str, named_on_command_line: Sequence[str]) -> None:
+    """A blob's ``module:function`` / ``file.py:function`` target is code that would be imported or run
+    on every rank: only when the command line names that same target."""
+    if is_import_path(target) and target not in named_on_command_line:
+        raise UsageError(f"the replay blob names the target {target!r}, which is not built in: replaying it would "
+                         f"import and run that code on every rank; pass --target {shlex.quote(target)} to allow it")
+
+
+def decode_trusted(blob: str, named_on_command_line: Sequence[str] = ()) -> tuple[DrawnCase, str]:
+    """``decode``, refusing a target the user did not name (``check_target_allowed``)."""
     drawn, target = decode(blob)
-    check_target_allowed(target, allow_target_path)
+    check_target_allowed(target, named_on_command_line)
     return drawn, target
 
 
@@ -134,4 +231,6 @@ def case_spec(drawn: DrawnCase, target: str, index: int = 0) -> CaseSpec:
 
 
 def replay_command(drawn: DrawnCase, target: str) -> str:
-    return f"{sys.executable} -m harness --replay {encode(drawn, target)}"
+    """The command that reruns a case; one whose target is not built in names it (``--target``)."""
+    allow = f" --target {shlex.quote(target)}" if is_import_path(target) else ""
+    return f"{sys.executable} -m harness --replay {encode(drawn, target)}{allow}"

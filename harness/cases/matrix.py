@@ -18,6 +18,7 @@ norm types, every valid EP size, whatever world size and backend the launch has.
     backends    = ["gloo", "nccl"]
     seed        = 0
     synthetic   = false              # also run the frameworks' synthetic (regression) layouts
+    plans       = "all"              # "honest": every declared plan replaced by the truth
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class MatrixSpec:
     seed: int = 0
     variant: str | None = None
     synthetic: bool = False
+    plans: str = "all"
 
     def merged(self, overrides: Mapping[str, Any]) -> "MatrixSpec":
         """This spec with every non-None override applied (command-line flags over the file)."""
@@ -108,6 +110,15 @@ def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"expected true or false, got {value!r}")
     return value
+
+
+PLAN_PROFILES = ("all", "honest")
+
+
+def _plans(value: Any) -> str:
+    if value not in PLAN_PROFILES:
+        raise ValueError(f"plans must be one of {', '.join(PLAN_PROFILES)}, got {value!r}")
+    return str(value)
 
 
 def _text(value: Any) -> str:
@@ -170,6 +181,9 @@ AXES: tuple[Axis, ...] = (
     Axis("synthetic", ("--synthetic",), _boolean, False,
          "also run the frameworks' adapters on synthetic layouts: regression layouts no known path of the "
          "framework's trainer reaches (the harness's own targets run them always)", switch=True),
+    Axis("plans", ("--plans",), _plans, False,
+         "all (default): layouts whose declared plan lies too, a failure that only the lie causes labelled so; "
+         "honest: every declared plan replaced by the truth (is a plan-trusting clip's arithmetic right?)"),
 )
 _BY_KEY = {axis.key: axis for axis in AXES}
 
@@ -201,6 +215,8 @@ def load_matrix(path: str) -> MatrixSpec:
         raw = json.loads(text) if file.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise LayoutError(f"matrix file {path!r} is not valid {file.suffix.lstrip('.') or 'TOML'}: {exc}") from None
+    except RecursionError:  # the parsers recurse once per level of nesting
+        raise LayoutError(f"matrix file {path!r} nests too deeply to be a matrix") from None
     if not isinstance(raw, dict):
         raise LayoutError(f"matrix file {path!r} must hold a table of axes, got {type(raw).__name__}")
     return spec_from_mapping(raw, source=path)

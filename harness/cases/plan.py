@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from harness.errors import ClipcheckInputError
-from harness.cases.variant import CaseSpec, Variant, norm_label
+from harness.cases.variant import CaseSpec, Variant, norm_label, with_honest_plan
 from harness.cases.injection import DTYPES
 from harness.cases.layout import LayoutError
 from harness.targets.loading import LoadError
@@ -102,6 +102,8 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         if not targets_here:
             continue
         variants = _variants(scenario, spec, world_size, plan)
+        if spec.plans == "honest":
+            variants = [with_honest_plan(v) for v in variants]
         if spec.variant:
             variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
         scenario_skip = scenario.requires.unavailable() if scenario.requires else None

@@ -6,12 +6,13 @@ the same list in the same order (the precondition for matching collectives).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypeVar
 
 from harness.cases.injection import Injection
-from harness.cases.layout import Layout, LayoutError, Placement
+from harness.cases.layout import Layout, LayoutError, Placement, Replicate
 
 DeclaredPlan = Mapping[str, Mapping[str, Placement]]
 """What the framework under test *believes*: parameter name -> mesh axis -> placement."""
@@ -22,6 +23,30 @@ Info = TypeVar("Info")
 def declared_from_layout(layout: Layout) -> dict[str, dict[str, Placement]]:
     """A plan that tells the truth: the layout's own placements, every mesh axis spelled out."""
     return {spec.name: {axis: spec.placement(axis) for axis in layout.mesh.names} for spec in layout}
+
+
+def plan_lies(variant: "Variant") -> dict[str, list[str]]:
+    """Per parameter, the mesh axes where the variant's declared plan contradicts its true layout
+    (an axis the plan does not name is declared ``Replicate``); empty for an honest plan."""
+    lies: dict[str, list[str]] = {}
+    for spec in variant.layout:
+        declared = variant.declared.get(spec.name, {})
+        wrong = [axis for axis in variant.layout.mesh.names if declared.get(axis, Replicate()) != spec.placement(axis)]
+        if wrong:
+            lies[spec.name] = wrong
+    return lies
+
+
+HONEST_PLAN = " [honest plan]"
+
+
+def with_honest_plan(variant: "Variant") -> "Variant":
+    """``variant`` with its declared plan replaced by the truth (DTensor parameters placed by it too),
+    labelled so; a variant whose plan is already honest, unchanged. What a plan-trusting clip is
+    judged on when the question is its arithmetic, not the plan (``--plans honest``)."""
+    if not plan_lies(variant):
+        return variant
+    return dataclasses.replace(variant, label=variant.label + HONEST_PLAN, declared=declared_from_layout(variant.layout))
 
 
 @dataclass(frozen=True)

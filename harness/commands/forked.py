@@ -36,7 +36,7 @@ from typing import IO, Any, Callable, Sequence
 
 import torch
 
-from harness.run.pool import die_with_parent
+from harness.run.family import die_with_parent, end_descendants, keep_together
 from harness.cases.plan import Plan
 
 
@@ -90,7 +90,11 @@ def forked_rank(plan: Plan, argv: Sequence[str]) -> None:
     _like_a_fresh_rank()
     from harness.commands.run import run_main
 
-    status = run_main(argv, plan=plan)
+    keep_together()
+    try:
+        status = run_main(argv, plan=plan)
+    finally:
+        end_descendants()
     if status:
         sys.exit(status)
 

@@ -2,22 +2,25 @@
 
     clipcheck fuzz --target mutant-local-root-mean --examples 200 --world 4
 
-Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank hung or died.
+Exit status: 0 every target survived, 1 a verdict failed, 2 bad input, 3 a rank hung or died,
+4 no example was run, 5 ``--json`` could not be written, 130 / 143 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Sequence
 
-from harness.commands.options import unwritable
-from harness.fuzz import describe, fuzz, fuzz_record
-from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from harness.cases.matrix import PLAN_PROFILES
+from harness.commands.options import print_error, unwritable
+from harness.fuzz import FuzzReport, describe, fuzz, fuzz_record
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_NOTHING_JUDGED, EXIT_PASS, EXIT_USAGE, worst
+from harness.report.results_file import ResultsFile, report_problems
 from harness.run.devices import world_problem
 from harness.run.pool import RankPool
+from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
 from harness.targets.loading import LoadError
 from harness.targets.registry import registered_targets
@@ -31,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=100, help="examples per target (default 100)")
     p.add_argument("--world", type=int, default=4, help="ranks in the warm world (default 4)")
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: random)")
+    p.add_argument("--plans", choices=PLAN_PROFILES, default="all",
+                   help="all (default): drawn plans may lie about placements; honest: each drawn plan replaced by "
+                        "the truth (is a plan-trusting clip's arithmetic right?)")
     p.add_argument("--no-shrink", action="store_true", help="report the first failure as found")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a collective may block (default 30)")
@@ -47,8 +53,9 @@ def main(argv: Sequence[str]) -> int:
             raise LoadError("--examples and --world must be positive")
         for t in targets:
             resolve_target(t, registered_targets())
-        if not args.timeout > 0:
-            raise LoadError("--timeout must be positive")
+        problem = timeout_problem(args.timeout)
+        if problem:
+            raise LoadError(problem)
         problem = unwritable(args.json)
         if problem:
             raise LoadError(f"--json {args.json}: {problem}")
@@ -56,11 +63,11 @@ def main(argv: Sequence[str]) -> int:
         if problem:  # the one world asked for cannot run here: bad input, before any process starts
             raise LoadError(problem)
     except LoadError as exc:
-        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_USAGE
     status = EXIT_PASS
     backend = args.backend or default_backend()
-    records = open(args.json, "w", encoding="utf-8") if args.json else None
+    records = ResultsFile(args.json) if args.json else None
     try:
         with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
             started = time.perf_counter()
@@ -68,14 +75,19 @@ def main(argv: Sequence[str]) -> int:
             print(f"clipcheck fuzz: a world of {args.world} rank(s) started in {time.perf_counter() - started:.1f} s",
                   flush=True)
             for t in targets:
-                report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink)
-                if not report.passed:
-                    status = max(status, EXIT_BROKEN if report.crash else EXIT_FAIL)
+                report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink, plans=args.plans)
+                status = worst(status, target_status(report))
                 print("\n".join(describe(report)), flush=True)
                 if records is not None:  # as each target finishes: an interrupted run keeps what it found
-                    records.write(json.dumps(fuzz_record(report, backend)) + "\n")
-                    records.flush()
+                    records.write(fuzz_record(report, backend))
     finally:
         if records is not None:
             records.close()
-    return status
+    return report_problems([records.problem() if records is not None else None], status, sys.stderr)
+
+
+def target_status(report: FuzzReport) -> int:
+    """A target's share of the exit status: a crash, a failure, no example run at all, or a pass."""
+    if not report.passed:
+        return EXIT_BROKEN if report.crash else EXIT_FAIL
+    return EXIT_PASS if report.examples else EXIT_NOTHING_JUDGED

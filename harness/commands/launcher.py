@@ -13,8 +13,14 @@ What it adds over ``torchrun --nproc_per_node=N -m harness``:
   is recorded by rank 0 itself (see ``execute``) and the launch resumes the same way;
 * on CPU/gloo the ranks are forked from this process after it has planned and imported the plan's
   frameworks, so they do not repeat either (``forked``; ``--spawn-ranks`` starts fresh interpreters);
-* the JSON Lines file is rewritten at the end with every planned case exactly once, then the
-  metamorphic groups and one summary; JUnit is written from the same records.
+* the JSON Lines file is written as each case ends (rank 0 writes a file of the launcher's own,
+  which alone the launcher reads back; ``mirror`` copies it to ``--json``) and rewritten at the end
+  with every planned case exactly once, then the metamorphic groups and one summary; JUnit is
+  written from the same records. A second run on the same ``--json`` is refused (``exclusive``);
+* the rendezvous stores listen on 127.0.0.1 only (``rendezvous``);
+* SIGINT / SIGTERM stop the ranks (rank 0 records the case in flight as ``interrupted``), the
+  results are written with the summary, and the launcher exits 130 / 143;
+* ranks die with the launcher, spawned or forked, and so does whatever they started (``family``).
 """
 
 from __future__ import annotations
@@ -23,32 +29,42 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
-from harness.cases.variant import CaseSpec
-from harness.judge.checks import unjudged_result
+from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import fork_problem, forked_rank
-from harness.commands.options import add_selection_options, add_spawn_ranks_option, spec_from_args, unwritable
+from harness.commands.mirror import ResultsMirror
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, \
+    results_files_problem, spec_from_args
+from harness.commands.rendezvous import launch_config
 from harness.errors import ClipcheckInputError
-from harness.report.junit import write_junit
+from harness.judge.checks import unjudged_result
 from harness.judge.metamorphic import metamorphic_groups
-from harness.cases.plan import Plan, plan_cases
 from harness.judge.records import CaseRecord, Record, case_records, read_records
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, worst
+from harness.report.junit import write_junit
 from harness.report.reporter import case_json, metamorphic_json
-from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
+from harness.report.results_file import report_problems, write_records
+from harness.run.devices import world_problem
+from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.startup import preload_frameworks
+from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
+from harness.cases.plan import Plan, plan_cases
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig
+
+__all__ = ["main", "launch_config", "rank_exits", "RankExit"]
 
 MAX_RESUMES = 8
+RANK_STATUSES = (1, 2, 3, 4, 5, 128 + signal.SIGINT)
+"""Exit codes a rank leaves with on purpose (``verdicts``): never the root cause of a crash."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +99,18 @@ class RankExit:
         return f"rank {self.rank} {how}" + (f" ({self.cause})" if self.cause else "")
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
+    raise Interrupted(signum)
+
+
 def raised_in_rank(error_file_data: dict[str, Any]) -> str | None:
     """The first line of the exception a rank raised, from the error file torchelastic's ``record``
     wrote for it (``message``: a dict with its own ``message``, or text; ``<NONE>`` without a file,
@@ -99,13 +127,17 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     """Run ``python -m harness <worker_args>`` on ``nproc`` local ranks under torchrun's elastic agent
     (in this process); every rank's exit, or [] when all exited 0. With ``forked_plan`` (the plan of
     these very arguments) the ranks are forked from this process and start from it (``forked``).
-    SIGINT/SIGTERM to this process stop the ranks (the agent forwards them) before they propagate here."""
+    SIGINT/SIGTERM to this process stop the ranks (the agent passes them on) and raise Interrupted.
+    What the ranks left behind (orphans this process adopted) is ended before it returns."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    quiet_the_agent()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ[PARENT_PID_ENV] = str(os.getpid())  # a spawned rank dies with this process
     config = launch_config(nproc)
+    ours = descendants()
     try:
         if forked_plan is not None:
             elastic_launch(config, forked_rank)(forked_plan, worker_args)
@@ -113,17 +145,23 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
             elastic_launch(config, sys.executable)("-m", "harness", *worker_args)
     except ChildFailedError as exc:
         return rank_exits(exc)
+    except SignalException as exc:
+        raise Interrupted(int(exc.sigval)) from None
+    finally:
+        end_descendants(spare=ours)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # the agent left its own handlers installed
+            signal.signal(signum, _raise_interrupted)
     return []
 
 
-def launch_config(nproc: int) -> LaunchConfig:
-    """One node, ``nproc`` ranks, a fresh rendezvous on a free port, no restarts (the launcher
-    resumes itself after a crash, at the next case)."""
-    from torch.distributed.launcher.api import LaunchConfig
-
-    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                        monitor_interval=0.1, start_method="fork")  # used by a function entry point only
+def quiet_the_agent() -> None:
+    """Only our output: torch's elastic agent and process helpers log each step ("Received 2 death
+    signal, shutting down workers", "Terminating process ..."), and their module loggers carry a level
+    of their own, so each is set (they are imported by now)."""
+    noisy = ("torch.distributed.elastic", "torch.multiprocessing")
+    for name in [*noisy, *logging.root.manager.loggerDict]:
+        if name.startswith(noisy):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def rank_exits(failed: ChildFailedError) -> list[RankExit]:
@@ -148,83 +186,158 @@ def worker_args(args: argparse.Namespace, spec_path: str, jsonl: str, start_at: 
     return out
 
 
-def _case_records(path: Path) -> dict[int, CaseRecord]:
-    if not path.exists():
-        return {}
-    return {r["index"]: r for r in case_records(read_records(str(path)))}
-
-
 def _crash_detail(exits: list[RankExit], index: int) -> str:
     # the root cause first: a rank that exited on its own or died of its own signal; the launcher
     # stops the others with SIGTERM, then SIGKILL
-    died = ([e for e in exits if e.exitcode > 0 and e.exitcode not in (1, 3)]
+    died = ([e for e in exits if e.exitcode > 0 and e.exitcode not in RANK_STATUSES]
             or [e for e in exits if e.exitcode < 0 and e.signal not in ("SIGTERM", "SIGKILL")] or exits)
     return (f"{'; '.join(e.describe() for e in died)} while case {index} ran; the launch was resumed at "
             "the next case")
-
-
-def run_plan(plan: Plan, args: argparse.Namespace, backend: str, spec_path: str, jsonl: Path,
-             nproc: int) -> tuple[dict[int, CaseRecord], int, int]:
-    """Launch, and relaunch after each crash, until every planned case has a record. Returns the
-    records by case index, the number of resumes, and 2 if a rank reported bad input (else 0)."""
-    by_index: dict[int, CaseSpec] = {c.index: c for c in plan.cases}
-    order = [c.index for c in plan.cases]
-    records: dict[int, CaseRecord] = {}
-    start, resumes = 0, 0
-    forked_plan = None if fork_problem(backend, args.spawn_ranks) else plan
-    if forked_plan is not None:
-        preload_frameworks(plan)
-    while True:
-        jsonl.unlink(missing_ok=True)
-        exits = launch_ranks(nproc, worker_args(args, spec_path, str(jsonl), start, backend), forked_plan)
-        found = _case_records(jsonl)
-        if any(e.exitcode == EXIT_USAGE for e in exits) and not found:
-            return records, resumes, EXIT_USAGE
-        pending = [i for i in order if i >= start]
-        recorded = [i for i in pending if i in found and not _not_run(found[i])]
-        records.update({i: found[i] for i in recorded})
-        if len(recorded) == len(pending):
-            return records, resumes, 0
-        if recorded and is_unjudged(found[recorded[-1]]):
-            broken = recorded[-1]  # rank 0 recorded the hang or the stop itself
-            if exits and "crash" in records[broken]["checks"]:
-                records[broken]["checks"]["crash"]["detail"] = _crash_detail(exits, broken)
-        else:  # died without a word from rank 0: we know who died, and how
-            broken = next(i for i in pending if i not in recorded)
-            detail = _crash_detail(exits, broken) if exits else "the launch ended before this case"
-            records[broken] = case_json(unjudged_result(by_index[broken], "crash", detail, nproc), nproc, backend)
-        rest = [i for i in pending if i > broken or (i not in records)]
-        later = [i for i in rest if i != broken]
-        if not later:
-            return records, resumes, 0
-        if resumes >= args.max_resumes:
-            for i in later:
-                records[i] = case_json(unjudged_result(
-                    by_index[i], "not_run", f"not run: {resumes} relaunches after crashes, the limit", nproc),
-                    nproc, backend)
-            return records, resumes, 0
-        resumes += 1
-        start = later[0]
-        what = next(iter(records[broken]['checks']))
-        print(f"clipcheck run: case {broken} did not finish ({what}); "
-              f"relaunching at case {start}", file=sys.stderr, flush=True)
 
 
 def _not_run(record: CaseRecord) -> bool:
     return "not_run" in record["checks"]
 
 
-def write_results(records: list[CaseRecord], backend: str, jsonl: Path | None, junit: str | None) -> int:
+@dataclass
+class LaunchFile:
+    """What rank 0 wrote in one launch attempt: its case records by index, and the case it had
+    started and not recorded (its in-flight marker), if any."""
+
+    records: dict[int, CaseRecord] = field(default_factory=dict)
+    in_flight: int | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> "LaunchFile":
+        if not path.exists():
+            return cls()
+        read = read_records(str(path))
+        cases = {r["index"]: r for r in case_records(read)}
+        markers = [r.get("index") for r in read if r.get("type") == "in_flight"]
+        in_flight = markers[-1] if markers and markers[-1] not in cases else None
+        return cls(cases, in_flight if isinstance(in_flight, int) else None)
+
+
+@dataclass
+class Launches:
+    """A plan run to the end: launched, and relaunched after each crash or stop, until every planned
+    case has a record (``records``), or the launcher is interrupted (``interrupted``)."""
+
+    plan: Plan
+    args: argparse.Namespace
+    backend: str
+    spec_path: str
+    folder: Path
+    records: dict[int, CaseRecord] = field(default_factory=dict)
+    resumes: int = 0
+    start: int = 0
+    attempt: int = 0
+    interrupted: int | None = None
+
+    def run(self, mirror: ResultsMirror | None) -> int:
+        """0, or EXIT_USAGE if a rank reported bad input, or EXIT_OUTPUT if rank 0 could not write."""
+        forked_plan = None if fork_problem(self.backend, self.args.spawn_ranks) else self.plan
+        if forked_plan is not None:
+            preload_frameworks(self.plan)
+        while True:
+            self.attempt += 1
+            path = self.folder / f"launch{self.attempt}.jsonl"
+            if mirror is not None:
+                mirror.follow(path)
+            try:
+                exits = launch_ranks(self.args.nproc, worker_args(self.args, self.spec_path, str(path), self.start,
+                                                                  self.backend), forked_plan)
+            except Interrupted as exc:
+                self.interrupted = exc.signum
+                self._settle(LaunchFile.read(path))
+                return 0
+            found = LaunchFile.read(path)
+            if any(e.exitcode == EXIT_USAGE for e in exits) and not found.records:
+                return EXIT_USAGE
+            rest = self._settle(found)
+            if not rest:
+                return 0
+            if any(e.exitcode == EXIT_OUTPUT for e in exits):
+                self._not_run(rest, "not run: rank 0 could not write its records")
+                return EXIT_OUTPUT
+            why = self._why_it_ended(found, exits, rest[0])
+            rest = [i for i in rest if i not in self.records]
+            if not rest:
+                return 0
+            if self.resumes >= self.args.max_resumes:
+                self._not_run(rest, f"not run: {self.resumes} relaunches after crashes, the limit")
+                return 0
+            self.resumes += 1
+            self.start = rest[0]
+            print(f"clipcheck run: {why}; relaunching at case {self.start}", file=sys.stderr, flush=True)
+
+    def _settle(self, found: LaunchFile) -> list[int]:
+        """Keep what this launch judged (or recorded as not judged); the planned indices left."""
+        pending = [c.index for c in self.plan.cases if c.index >= self.start and c.index not in self.records]
+        self.records.update({i: found.records[i] for i in pending if i in found.records
+                             and not _not_run(found.records[i])})
+        return [i for i in pending if i not in self.records]
+
+    def _why_it_ended(self, found: LaunchFile, exits: list[RankExit], first_missing: int) -> str:
+        """Record the case the launch broke in, if it broke in one; say why it ended."""
+        judged = [i for i in sorted(found.records) if i in self.records and i >= self.start]
+        if judged and is_unjudged(self.records[judged[-1]]):  # rank 0 recorded the hang or the stop itself
+            broken = judged[-1]
+            if exits and "crash" in self.records[broken]["checks"]:
+                self.records[broken]["checks"]["crash"]["detail"] = _crash_detail(exits, broken)
+        elif found.in_flight is None and first_missing in found.records:  # rank 0 stopped it between cases
+            return next(iter(found.records[first_missing]["checks"].values()))["detail"].removeprefix("not run: ")
+        else:  # died without a word from rank 0 (in the case it marked as started): we know who died, and how
+            broken = found.in_flight if found.in_flight is not None else first_missing
+            detail = _crash_detail(exits, broken) if exits else "the launch ended before this case"
+            self.records[broken] = self._unjudged(broken, "crash", detail)
+        return f"case {broken} did not finish ({next(iter(self.records[broken]['checks']))})"
+
+    def _unjudged(self, index: int, check: str, detail: str) -> CaseRecord:
+        case = next(c for c in self.plan.cases if c.index == index)
+        return case_json(unjudged_result(case, check, detail, self.args.nproc), self.args.nproc, self.backend)
+
+    def _not_run(self, indices: list[int], detail: str) -> None:
+        for i in indices:
+            self.records[i] = self._unjudged(i, "not_run", detail)
+
+    def record_interruption(self) -> None:
+        """The case in flight when the launcher was interrupted (the one rank 0 recorded as stopped,
+        else the first without a record), and every later one, as not judged."""
+        assert self.interrupted is not None
+        name = signal.Signals(self.interrupted).name
+        stopped = [i for i, r in self.records.items()
+                   if i >= self.start and is_unjudged(r) and {"crash", "interrupted"} & set(r["checks"])]
+        missing = [c.index for c in self.plan.cases if c.index not in self.records]
+        in_flight = stopped[-1] if stopped else (missing[0] if missing else None)
+        if in_flight is None:
+            return
+        self.records[in_flight] = self._unjudged(in_flight, "interrupted",
+                                                 f"the launch was interrupted by {name} while this case ran")
+        self._not_run([i for i in missing if i != in_flight], f"not run: the launch was interrupted by {name}")
+
+    def ordered(self) -> list[CaseRecord]:
+        return [self.records[c.index] for c in self.plan.cases if c.index in self.records]
+
+
+def write_results(records: list[CaseRecord], backend: str, jsonl: str | None, junit: str | None,
+                  problems: list[str | None]) -> int:
+    """The final files (every planned case, the metamorphic groups, the summary); the exit status,
+    EXIT_OUTPUT if a file could not be written (one line each on stderr)."""
     groups = [metamorphic_json(g, backend) for g in metamorphic_groups(records)]
     counts = count([*records, *groups])
     everything: list[Record] = [*records, *groups, counts.as_record()]
-    if jsonl is not None:
-        with open(jsonl, "w", encoding="utf-8") as f:
-            for rec in everything:
-                f.write(json.dumps(rec) + "\n")
+    if jsonl is not None and not any(problems):
+        problems = [*problems, write_records(jsonl, everything)]
     if junit:
-        write_junit(junit, everything)
-    return counts.status
+        problems = [*problems, write_junit(junit, everything)]
+    return report_problems(problems, counts.status, sys.stderr)
+
+
+def _usage_problem(args: argparse.Namespace, backend: str) -> str | None:
+    if args.nproc < 1:
+        return "--nproc must be positive"
+    return world_problem(args.nproc, backend) or timeout_problem(args.timeout) or results_files_problem(args)
 
 
 def main(argv: Sequence[str], plan: Plan | None = None) -> int:
@@ -232,28 +345,51 @@ def main(argv: Sequence[str], plan: Plan | None = None) -> int:
     that forked this launcher (``forked.ForkedProcess``); made here otherwise."""
     args = build_parser().parse_args(argv)
     backend = args.backend or default_backend()
+    claims: list[OutputClaim] = []
     try:
-        if args.nproc < 1:
-            raise ClipcheckInputError("--nproc must be positive")
-        for flag, path in (("--json", args.json), ("--junit", args.junit)):
-            problem = unwritable(path)
-            if problem:
-                raise ClipcheckInputError(f"{flag} {path}: {problem}")
+        problem = _usage_problem(args, backend)
+        if problem:
+            raise ClipcheckInputError(problem)
         spec = spec_from_args(args)
         plan = plan if plan is not None else plan_cases(spec, args.nproc, backend)
+        claims = [OutputClaim(path, flag) for flag, path in (("--json", args.json), ("--junit", args.junit)) if path]
     except ClipcheckInputError as exc:
-        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_USAGE
-    with tempfile.TemporaryDirectory(prefix="clipcheck-run-") as tmp:
-        spec_path = os.path.join(tmp, "matrix.json")
-        Path(spec_path).write_text(json.dumps(spec.to_mapping()))
-        jsonl = Path(args.json) if args.json else Path(tmp) / "results.jsonl"
-        records, resumes, usage = run_plan(plan, args, backend, spec_path, jsonl, args.nproc)
-        if usage:
-            return usage
-        ordered = [records[c.index] for c in plan.cases if c.index in records]
-        status = write_results(ordered, backend, Path(args.json) if args.json else None, args.junit)
-    if resumes or any(is_unjudged(r) for r in ordered):
-        print(f"clipcheck run: {resumes} relaunch(es); summary over every planned case: "
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="clipcheck-run-") as tmp:
+            return _run(plan, spec.to_mapping(), args, backend, Path(tmp))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for claim in claims:
+            claim.release()
+
+
+def _run(plan: Plan, spec: dict[str, Any], args: argparse.Namespace, backend: str, folder: Path) -> int:
+    spec_path = folder / "matrix.json"
+    spec_path.write_text(json.dumps(spec))
+    launches = Launches(plan, args, backend, str(spec_path), folder)
+    mirror = ResultsMirror(args.json) if args.json else None
+    try:
+        status = launches.run(mirror)
+    except Interrupted as exc:  # between launches: nothing of the ranks is left to stop
+        launches.interrupted = exc.signum
+        status = 0
+    finally:
+        problems = [mirror.close() if mirror is not None else None]
+    if status == EXIT_USAGE:
+        return status
+    if launches.interrupted is not None:
+        launches.record_interruption()
+    ordered = launches.ordered()
+    status = worst(status, write_results(ordered, backend, args.json, args.junit, problems))
+    if launches.interrupted is not None:
+        print(f"clipcheck run: interrupted by {signal.Signals(launches.interrupted).name}; results written for "
+              f"every planned case: {count(ordered).line()}", flush=True)
+        return 128 + launches.interrupted
+    if launches.resumes or any(is_unjudged(r) for r in ordered):
+        print(f"clipcheck run: {launches.resumes} relaunch(es); summary over every planned case: "
               f"{count(ordered).line()}", flush=True)
-    return max(status, EXIT_BROKEN if any(is_unjudged(r) for r in ordered) else 0)
+    return worst(status, EXIT_BROKEN if any(is_unjudged(r) for r in ordered) else 0)

@@ -10,7 +10,9 @@ process starts. Each launch gets the serialized spec (``matrix.json`` in the out
 copy of this command's argv. A launch that does not judge every planned case is a crash: each
 missing case becomes an ERROR record with the cause, it is counted and shown, and the exit status is
 3. SIGINT or SIGTERM stops the launch in flight (the signal goes to its whole process group), waits
-for it, and still merges what finished.
+for it, and still merges what finished. A second matrix on the same ``--out`` is refused (one line,
+exit 2: ``exclusive``); each launch's launcher dies with the matrix, and whatever a launch left
+behind is ended before the next starts (``family``).
 """
 
 from __future__ import annotations
@@ -28,23 +30,32 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.judge.checks import unjudged_result
+from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import ForkedProcess, fork_problem
 from harness.commands.launcher import main as launcher_main
-from harness.commands.options import add_selection_options, add_spawn_ranks_option, spec_from_args
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, spec_from_args
 from harness.run.devices import cuda_device_count, world_skip_reason
+from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.startup import preload_frameworks
+from harness.run.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
+from harness.report.results_file import report_problems, write_records
+from harness.report.safe_text import one_line
 from harness.judge.metamorphic import metamorphic_groups
 from harness.cases.plan import Plan, UsageError, plan_cases
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, read_records
 from harness.report.reporter import case_json, metamorphic_json
-from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE, count, is_unjudged
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, \
+    worst
 from harness.run.world import default_backend
 
 DEFAULT_MATRIX = "default_matrix.toml"
 STOP_GRACE_S = 30.0
+LAUNCH_STATUSES = (0, 1, 3, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+"""What a launch that ended on its own terms (or was interrupted) exits with; anything else is a
+crashed launch."""
 
 
 @dataclass
@@ -61,6 +72,10 @@ class Launch:
     @property
     def tag(self) -> str:
         return f"world {self.world_size} {self.backend}"
+
+    @property
+    def crashed(self) -> bool:
+        return self.returncode is not None and self.returncode not in LAUNCH_STATUSES
 
 
 def default_matrix_path() -> str:
@@ -147,13 +162,15 @@ def _run(launch: Launch, spec_path: Path, flags: list[str], forked: bool, interr
     print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
+    ours = descendants()
     with open(launch.log, "w") as log:
         proc: subprocess.Popen | ForkedProcess
         if forked:  # the launcher starts from this process's imports and plan
             proc = ForkedProcess(launcher_main, (argv, launch.plan), log)
-        else:
+        else:  # it dies with this process (``family``), though in a session of its own
             proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *argv], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())}))
         interrupt.proc = proc
         try:
             while True:
@@ -164,12 +181,13 @@ def _run(launch: Launch, spec_path: Path, flags: list[str], forked: bool, interr
                     os.killpg(proc.pid, signal.SIGKILL)
         finally:
             interrupt.proc = None
+            end_descendants(spare=ours)  # what the launch left behind, adopted here
     launch.returncode, launch.seconds = proc.returncode, time.perf_counter() - start
     launch.records = _launch_records(launch)
     judged = sum(1 for r in launch.records if r["type"] == "case" and not is_unjudged(r))
     c = count(launch.records)
-    state = "interrupted" if interrupt.signum else c.word if launch.returncode in (0, 1, 3) else \
-        f"CRASHED (exit {launch.returncode})"
+    state = "interrupted" if interrupt.signum else f"CRASHED (exit {launch.returncode})" if launch.crashed else \
+        "RESULTS NOT WRITTEN" if launch.returncode == EXIT_OUTPUT else c.word
     print(f" {judged}/{len(launch.plan.cases)} judged, {state} in {launch.seconds:.1f} s (log {launch.log})",
           flush=True)
 
@@ -199,15 +217,24 @@ def main(argv: Sequence[str]) -> int:
     try:
         if out.exists() and not out.is_dir():
             raise ClipcheckInputError(f"--out {args.out}: not a directory")
+        problem = timeout_problem(args.timeout)
+        if problem:
+            raise ClipcheckInputError(problem)
         launches, skipped = plan_launches(args, out)
         if not launches:
             raise ClipcheckInputError("nothing to launch" + "".join(f"; {line}" for line in skipped))
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise ClipcheckInputError(f"--out {args.out}: not writable")
+        claim = OutputClaim(out, "--out")
     except (ClipcheckInputError, OSError) as exc:
-        print(f"clipcheck: error: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_USAGE
+    with claim:
+        return _run_all(args, out, launches, skipped)
+
+
+def _run_all(args: argparse.Namespace, out: Path, launches: list[Launch], skipped: list[str]) -> int:
     for line in skipped:
         print(f"skipped: {line}", flush=True)
     spec_path = out / "matrix.json"
@@ -243,18 +270,21 @@ def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
     groups = [metamorphic_json(g, launch.backend) for launch in ran for g in metamorphic_groups(launch.records)]
     counts = count([*cases, *groups])
     everything: list[Record] = [*cases, *groups, counts.as_record()]
-    with open(out / "results.jsonl", "w", encoding="utf-8") as f:
-        for r in everything:
-            f.write(json.dumps(r) + "\n")
-    write_junit(str(out / "junit.xml"), everything)
-    report = write_html(everything, out / "report.html")
+    problems = [write_records(str(out / "results.jsonl"), everything), write_junit(str(out / "junit.xml"), everything)]
+    try:
+        report = str(write_html(everything, out / "report.html"))
+    except OSError as exc:
+        report = f"not written ({exc.strerror or exc})"
+        problems.append(f"cannot write {out / 'report.html'}: {exc.strerror or exc}")
     print("\n" + "\n".join(compact_summary(everything)))
     print_merged(cases, groups, ran, verbose)
-    crashed = [launch for launch in ran if launch.returncode not in (0, 1)]
+    crashed = [launch for launch in ran if launch.crashed]
+    unwritten = [launch for launch in ran if launch.returncode == EXIT_OUTPUT]
     print(f"\nmatrix: {len(ran)} launches, {counts.line()}; {len(crashed)} launches crashed")
     print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
-    print(f"report: {report}")
-    return EXIT_BROKEN if crashed else counts.status
+    print(f"report: {report}", flush=True)
+    status = worst(counts.status, EXIT_BROKEN if crashed else 0, EXIT_OUTPUT if unwritten else 0)
+    return report_problems(problems, status, sys.stderr)
 
 
 def _ratio(r: CaseRecord) -> str:
@@ -267,8 +297,8 @@ def print_merged(cases: list[CaseRecord], groups: list[MetamorphicRecord], ran: 
         print(f"\n{'world':<6}{'backend':<8}{'scenario':<17}{'layout':<52}{'target':<28}{'norm':<6}{'dtype':<6}"
               f"{'ratio':<10}verdict")
         for r in cases:
-            print(f"{r['world_size']:<6}{r['backend']:<8}{r['scenario']:<17}{r['layout']:<52}{r['target']:<28}"
-                  f"{r['norm']:<6}{r['dtype']:<6}{_ratio(r):<10}{r['verdict']}")
+            print(f"{r['world_size']:<6}{r['backend']:<8}{one_line(r['scenario']):<17}{one_line(r['layout']):<52}"
+                  f"{one_line(r['target']):<28}{r['norm']:<6}{r['dtype']:<6}{_ratio(r):<10}{r['verdict']}")
     # every failure with --verbose; without it only what was not judged (the summary counts the rest)
     failed = [r for r in cases if r["verdict"] == "ERROR" or (verbose and r["verdict"] == "FAIL")]
     if failed:
@@ -276,14 +306,16 @@ def print_merged(cases: list[CaseRecord], groups: list[MetamorphicRecord], ran: 
         for r in failed:
             checks = ", ".join(n for n, c in r["checks"].items() if not c["passed"])
             sig = f"  [{r['signature'][0]}]" if r["signature"] else ""
-            print(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {r['norm']} "
-                  f"{r['dtype']}: {checks}{sig}")
+            print(one_line(f"  world {r['world_size']} {r['scenario']} {r['layout']} {r['target']} {r['norm']} "
+                           f"{r['dtype']}: {checks}{sig}"))
     for m in groups if verbose else ():
         if not m["passed"]:
-            print(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} {m['dtype']}: "
-                  f"coefficient gap {m['gap']:.7f}")
+            print(one_line(f"  metamorphic world {m['world_size']} {m['scenario']} {m['target']} {m['norm']} "
+                           f"{m['dtype']}: coefficient gap {m['gap']:.7f}"))
     for launch in ran:
-        if launch.returncode not in (0, 1):
+        if launch.crashed:
             print(f"  launch {launch.tag} crashed (exit {launch.returncode}); see {launch.log}")
+        elif launch.returncode == EXIT_OUTPUT:
+            print(f"  launch {launch.tag} could not write its results; see {launch.log}")
     for reason in sorted({r["skip_reason"] or "skipped" for r in cases if r["verdict"] == "SKIP"}):
-        print(f"  skipped: {reason}")
+        print(f"  skipped: {one_line(reason)}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
+from harness.report.safe_text import one_line
 from harness.judge.blame import BLAME_MODES
 from harness.cases.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
 
@@ -55,6 +57,20 @@ def unwritable(path: str | None) -> str | None:
     if not existed:
         target.unlink(missing_ok=True)
     return None
+
+
+def results_files_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--json`` or ``--junit`` cannot be written (one line), or None."""
+    for flag, path in (("--json", args.json), ("--junit", args.junit)):
+        problem = unwritable(path)
+        if problem:
+            return f"{flag} {path}: {problem}"
+    return None
+
+
+def print_error(message: object) -> None:
+    """The one line bad input gets (on stderr). The message may quote a file or a blob: escaped."""
+    print(f"clipcheck: error: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def quiet_torch_warnings() -> None:

@@ -4,7 +4,10 @@ under torchrun at the world size it needs, or on a world of ranks started for it
 from __future__ import annotations
 
 import sys
+from typing import Sequence
 
+from harness.run.devices import world_problem
+from harness.run.world import default_backend
 from harness.cases.blob import case_spec, decode_trusted
 from harness.cases.plan import Plan, UsageError
 from harness.strategies import DrawnScenario
@@ -12,9 +15,10 @@ from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target
 
 
-def replay_plan(blob: str, world_size: int, allow_target_path: bool = False) -> Plan:
-    """A one-case plan for a torchrun launch of exactly the world size the case needs."""
-    drawn, target = decode_trusted(blob, allow_target_path)
+def replay_plan(blob: str, world_size: int, named_targets: Sequence[str] = ()) -> Plan:
+    """A one-case plan for a torchrun launch of exactly the world size the case needs. ``named_targets``:
+    the targets the command line names, the only ones besides built-ins a blob may name."""
+    drawn, target = decode_trusted(blob, named_targets)
     if world_size != drawn.world_size:
         raise UsageError(f"this case needs {drawn.world_size} ranks, the launch has {world_size}: "
                          f"use torchrun --nproc_per_node={drawn.world_size}, or no launcher at all")
@@ -24,13 +28,16 @@ def replay_plan(blob: str, world_size: int, allow_target_path: bool = False) -> 
 
 
 def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: str | None, verbose: bool,
-                   allow_target_path: bool = False) -> int:
+                   named_targets: Sequence[str] = ()) -> int:
     """Start the ranks the case needs, run it, report it like a launch would."""
     from harness.run.pool import RankPool
     from harness.run.on_pool import run_case_on_pool
     from harness.report.reporter import Reporter
 
-    drawn, target = decode_trusted(blob, allow_target_path)
+    drawn, target = decode_trusted(blob, named_targets)
+    problem = world_problem(drawn.world_size, backend or default_backend())
+    if problem:  # a world this machine cannot run: bad input, before any process starts
+        raise UsageError(problem)
     resolve_target(target, registered_targets())  # a clear error before any process starts
     reporter = Reporter(sys.stdout, json_path, drawn.world_size, backend or "gloo", verbose)
     with RankPool(drawn.world_size, backend=backend, timeout_s=timeout_s) as pool:

@@ -10,8 +10,10 @@
 
 Exit status (``verdicts``): 0 all cases pass, 1 some case or metamorphic group fails, 2 bad input
 (reported before any process group is created; an error on one rank only is printed with its rank),
-3 a rank hung or died, or a planned case was not judged. Under plain torchrun the ranks exit with
-these codes and torchrun itself exits 1 for any of them; ``clipcheck run`` returns them as they are.
+3 a rank hung or died, or a planned case was not judged, 4 nothing was judged, 5 a results file
+could not be written, 130 interrupted. Every rank exits with rank 0's status (a job on several nodes
+then ends alike on each). Under plain torchrun torchrun itself exits 1 for any of them; ``clipcheck
+run`` returns them as they are.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from typing import Sequence
 
 from harness.run.startup import settle_startup, share_the_cores
 from harness.run.devices import world_problem
+from harness.run.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
-from harness.commands.options import add_selection_options, quiet_torch_warnings, spec_from_args, unwritable
+from harness.commands.options import add_selection_options, print_error, quiet_torch_warnings, \
+    results_files_problem, spec_from_args
 from harness.cases.plan import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
@@ -45,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         "'compat' (the frameworks' table); see --help of each.",
     )
     p.add_argument("--list", action="store_true", help="list scenarios and targets, then exit")
-    p.add_argument("--replay", metavar="BLOB", default=None, help="run the one case a fuzz failure printed")
-    p.add_argument("--allow-target-path", action="store_true",
-                   help="let a replay blob name a file-path target (it is executed on every rank)")
+    p.add_argument("--replay", metavar="BLOB", default=None,
+                   help="run the one case a fuzz failure printed; a blob whose target is not built in runs only "
+                        "with --target naming that same target")
     p.add_argument("--start-at", type=int, default=0, metavar="INDEX",
                    help="run only the planned cases from this index on (a launcher resuming after a crash)")
     add_selection_options(p)
@@ -91,6 +95,10 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
     if args.list:
         print_listing()
         return 0
+    return _run_rank(args, plan)
+
+
+def _run_rank(args: argparse.Namespace, plan: Plan | None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     backend = args.backend or default_backend()
@@ -102,8 +110,8 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
 
             if "WORLD_SIZE" not in os.environ:  # no launcher: start the world the case needs
                 return replay_on_pool(args.replay, args.backend, args.timeout, args.json, args.verbose,
-                                      args.allow_target_path)
-            plan = replay_plan(args.replay, world_size, args.allow_target_path)
+                                      args.targets or ())
+            plan = replay_plan(args.replay, world_size, args.targets or ())
         elif error is None and plan is None:
             plan = plan_cases(spec_from_args(args), world_size, backend)
     except ClipcheckInputError as exc:
@@ -113,20 +121,22 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
     # every rank planned on its own: agree through the store before any process group exists, so an
     # error on one rank only (its import of the target failed) is reported, with its rank, by rank 0
     agree = world_size > 1 and "MASTER_ADDR" in os.environ
-    world = DistWorld(backend, args.timeout, start=False) if agree or error is None else None
+    # a timeout that is itself the error cannot time the exchange that reports it
+    timeout = 60.0 if timeout_problem(args.timeout) else args.timeout
+    world = DistWorld(backend, timeout, start=False) if agree or error is None else None
     errors = [error] if world is None else [
         s["error"] for s in world.allgather_json("startup", {"error": error}, world.timeout_s + 60)]
     if any(e is not None for e in errors):
         if rank == 0:
             for line in _distinct_errors(errors):
-                print(f"clipcheck: error: {line}", file=sys.stderr, flush=True)
+                print_error(line)
             if world is not None:
                 world.signal_ended()
         elif world is not None:  # the launcher stops every rank once one exits: rank 0 prints first
             world.wait_ended()
         return EXIT_USAGE
     assert plan is not None and world is not None
-    share_the_cores(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    share_the_cores(_local_world_size())
     settle_startup(plan)
     world.start()
     return execute(world, plan, args, backend, rank, world_size)
@@ -134,28 +144,27 @@ def run_main(argv: Sequence[str], plan: Plan | None = None) -> int:
 
 def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank: int = 0) -> str | None:
     """Bad input the parser cannot see, as one line; None when there is none. A world this machine
-    cannot run (nccl without CUDA, fewer GPUs than ranks) is bad input here: a single run was asked
-    for exactly that world (the matrix and the plugin skip it instead)."""
-    problem = world_problem(world_size, backend)
+    cannot run (nccl without CUDA, fewer GPUs than ranks, more ranks than its cores take) is bad input
+    here: a single run was asked for exactly that world (the matrix and the plugin skip it instead).
+    Only this machine's own ranks count (``LOCAL_WORLD_SIZE``: a job may span nodes)."""
+    problem = world_problem(_local_world_size(world_size), backend) or timeout_problem(args.timeout)
     if problem:
         return problem
-    if not args.timeout > 0:
-        return "--timeout must be positive"
     if args.start_at < 0:
         return "--start-at must be 0 or more"
     # only rank 0 writes the results files; probing one path from every rank at once races (a rank's
     # probe file removed under another's: seen with forked ranks, which start together)
-    if rank != 0:
-        return None
-    for flag, path in (("--json", args.json), ("--junit", args.junit)):
-        problem = unwritable(path)
-        if problem:
-            return f"{flag} {path}: {problem}"
-    return None
+    return results_files_problem(args) if rank == 0 else None
+
+
+def _local_world_size(world_size: int | None = None) -> int:
+    """The ranks on this machine (torchrun's LOCAL_WORLD_SIZE; the world's without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size or os.environ.get("WORLD_SIZE", "1")))
 
 
 def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str, rank: int, world_size: int) -> int:
-    """Run every planned case on this rank; rank 0 reports. Returns the exit status."""
+    """Run every planned case on this rank; rank 0 reports. Returns the exit status, rank 0's on every
+    rank (``DistWorld.leave_together``)."""
     quiet_torch_warnings()
     reporter = Reporter(sys.stdout, args.json, world_size, backend, args.verbose, plan.targets, args.junit,
                         append=args.start_at > 0) if rank == 0 else None
@@ -166,7 +175,7 @@ def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str
         if args.start_at:
             header_notes.append(f"resuming at case {args.start_at}")
         reporter.header(len([c for c in plan.cases if c.index >= args.start_at]), header_notes)
-    status = Executor(world, plan, reporter, progress, args.start_at, blame=args.blame).run()
+    status = world.leave_together(Executor(world, plan, reporter, progress, args.start_at, blame=args.blame).run())
     if status != EXIT_BROKEN:
         world.close()
     return status

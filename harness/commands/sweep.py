@@ -150,22 +150,19 @@ def sweep_table(framework: Framework, runs: list[ReleaseRun]) -> str:
     lines.append("| cases: passed / failed / errors / skipped | - | " + " | ".join(
         (f"{c.passed} / {c.failed} / {c.errors} / {c.skipped}" if r.problem is None else f"not run: {r.problem}")
         for r, c in zip(runs, counts)) + " |")
-    findings: dict[str, dict[str, int]] = {}
-    reach: dict[str, str] = {}
+    rows: dict[tuple[str, str], dict[str, int]] = {}  # (finding, reach) -> release -> FAIL rows
     registered = registered_findings()
     for run in runs:
         for filed in filed_findings(run.records):
-            text = filed.finding["text"]
-            reach[text] = filed.finding["reach"]
-            findings.setdefault(text, {})[run.release] = filed.rows
+            key = (filed.finding["text"], filed.finding["reach"])
+            rows.setdefault(key, {})[run.release] = rows.get(key, {}).get(run.release, 0) + filed.rows
         unexplained = sum(1 for rec in run.records
                           if rec["verdict"] == "FAIL" and finding_record(rec, registered) is None)
         if unexplained:
-            findings.setdefault("unexplained FAIL rows", {})[run.release] = unexplained
-            reach["unexplained FAIL rows"] = "?"
-    for text, per_release in findings.items():
+            rows.setdefault(("unexplained FAIL rows", "?"), {})[run.release] = unexplained
+    for (text, reach), per_release in rows.items():
         cells = [str(per_release.get(r.release, "-")) for r in runs]
-        lines.append(f"| {text} | {reach[text]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {text} | {reach} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ reported only when its value matches what the target reported, within the dtype'
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from harness.clipmath import is_inf_norm
 from harness.cases.layout import MeshSpec
@@ -130,3 +130,18 @@ def holds_on(text: str, reported: Sequence[float], evidence: Evidence, rtol: flo
         return True
     predicted = next((values for name, values in candidates(evidence, len(reported)) if name == text), None)
     return predicted is None or _mismatch(reported, predicted) <= rtol  # nothing to test it with: no evidence against
+
+
+def lying_plan_line(lies: Mapping[str, Sequence[str]], limit: int = 4) -> str:
+    """The signature of a failure that only a lying declaration causes: the clip, run again on the
+    same gradients with the honest plan, passed. ``lies``: per parameter, the axes it is declared
+    wrong on."""
+    by_axis: dict[str, list[str]] = {}
+    for name, axes in lies.items():
+        for axis in axes:
+            by_axis.setdefault(axis, []).append(name.rsplit(".", 1)[-1])
+    wrong = "; ".join(f"on {axis}: {', '.join(names[:limit])}" + (f" (+{len(names) - limit} more)" if len(names) > limit
+                                                                   else "")
+                      for axis, names in by_axis.items())
+    return f"lying plan: exact on the honest plan (the same case passes with the true placements declared): " \
+           f"fix the plan, not the clip ({wrong})"

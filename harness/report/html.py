@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any, Iterable, cast
 
 from harness.judge.verdicts import count
+from harness.report.safe_text import lines
 
 # how bad a verdict is when cases are aggregated into one cell; an unknown verdict counts as an error
 _RANK = {"SKIP": 0, "PASS": 1, "FAIL": 2, "ERROR": 3}
 _CLASS = {"PASS": "v-pass", "FAIL": "v-fail", "ERROR": "v-error", "SKIP": "v-skip"}
+_NO_VERDICT = "v-skip"  # the overall "NOTHING JUDGED" (every case skipped, or none at all)
 
 
 # ----------------------------------------------------------------------------------------- records
@@ -57,7 +59,8 @@ def _failing(rec: dict[str, Any]) -> bool:
 
 
 def _text(x: Any, default: str = "?") -> str:
-    return default if x is None else str(x)
+    """A record's field as text; control characters escaped (a record may come from anyone's file)."""
+    return default if x is None else lines(x)
 
 
 def _ratio(x: Any) -> float | None:
@@ -216,8 +219,9 @@ def compact_summary(records: Iterable[Any], width: int = 120) -> list[str]:
     if not table:
         return ["  ".join(header), "(no cases)"]
 
-    caps = [28, 20, 6, 6, 6, 6, 7, 12]
-    widths = [min(max(len(header[i]), *(len(t[i]) for t in table)), caps[i]) for i in range(8)]
+    # the target and scenario are never cut: two targets of one file differ only at the end
+    caps = [None, None, 6, 6, 6, 6, 7, 12]
+    widths = [min(max(len(header[i]), *(len(t[i]) for t in table)), caps[i] or 10**6) for i in range(8)]
     right = {2, 3, 4, 5, 6}
 
     def cols(values: list[str]) -> str:
@@ -568,7 +572,8 @@ def _render_header(title: str, generated: str | None, cases: list[dict[str, Any]
     return (f'<header id="summary" data-cases="{len(cases)}" data-passed="{counts.passed}"'
             f' data-failed="{counts.failed}" data-errors="{counts.errors}" data-skipped="{counts.skipped}"'
             f' data-metamorphic="{len(groups)}" data-metamorphic-failed="{meta_failed}" data-verdict="{verdict}">'
-            f'<div class="title"><h1>{_e(title)} <span class="overall {_CLASS[verdict]}">{verdict}</span></h1>'
+            f'<div class="title"><h1>{_e(title)} '
+            f'<span class="overall {_CLASS.get(verdict, _NO_VERDICT)}">{verdict}</span></h1>'
             f"{when}</div>"
             f'<div class="totals">{totals}</div>'
             '<div class="legend"><span class="sw v-pass"></span>pass <span class="sw v-fail"></span>fail '

@@ -14,19 +14,21 @@ from typing import Iterable
 
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, metamorphic_records
 from harness.judge.verdicts import count
+from harness.report.results_file import write_text
+from harness.report.safe_text import lines, one_line
 
 
 def _case_name(rec: CaseRecord) -> str:
-    return f"{rec['scenario']} [{rec['layout']}] {rec['target']} {rec['norm']} {rec['dtype']}"
+    return one_line(f"{rec['scenario']} [{rec['layout']}] {rec['target']} {rec['norm']} {rec['dtype']}")
 
 
 def _failure_text(rec: CaseRecord) -> str:
-    lines = [f"{name}: {check['detail']}" for name, check in rec["checks"].items() if not check["passed"]]
-    lines += [f"signature: {s}" for s in rec.get("signature", [])]
-    lines += [f"blame: {b['line']}" for b in rec.get("blame", [])]
-    lines += [f"blame: {rec['blame_note']}"] if rec.get("blame_note") else []
-    lines.append(f"reported {rec['reported']} true {rec['true_norm']} ratio {rec['ratio']}")
-    return "\n".join(lines)
+    text = [f"{name}: {check['detail']}" for name, check in rec["checks"].items() if not check["passed"]]
+    text += [f"signature: {s}" for s in rec.get("signature", [])]
+    text += [f"blame: {b['line']}" for b in rec.get("blame", [])]
+    text += [f"blame: {rec['blame_note']}"] if rec.get("blame_note") else []
+    text.append(f"reported {rec['reported']} true {rec['true_norm']} ratio {rec['ratio']}")
+    return lines("\n".join(text))  # XML 1.0 has no place for control characters: escaped, not raw
 
 
 def junit_xml(records: Iterable[Record]) -> str:
@@ -46,25 +48,26 @@ def junit_xml(records: Iterable[Record]) -> str:
         )
         for rec in recs:
             if rec["type"] == "case":
-                tc = ET.SubElement(suite, "testcase", classname=f"clipcheck.{rec['scenario']}",
+                tc = ET.SubElement(suite, "testcase", classname=one_line(f"clipcheck.{rec['scenario']}"),
                                    name=_case_name(rec), time=f"{float(rec['seconds']):.3f}")
                 if rec["verdict"] == "FAIL":
-                    ET.SubElement(tc, "failure", message="; ".join(
-                        n for n, c in rec["checks"].items() if not c["passed"])).text = _failure_text(rec)
+                    ET.SubElement(tc, "failure", message=one_line("; ".join(
+                        n for n, c in rec["checks"].items() if not c["passed"]))).text = _failure_text(rec)
                 elif rec["verdict"] == "ERROR":
                     ET.SubElement(tc, "error", message="harness error").text = _failure_text(rec)
                 elif rec["verdict"] == "SKIP":
-                    ET.SubElement(tc, "skipped", message=rec.get("skip_reason") or "skipped")
+                    ET.SubElement(tc, "skipped", message=one_line(rec.get("skip_reason") or "skipped"))
             else:
-                tc = ET.SubElement(suite, "testcase", classname=f"clipcheck.{rec['scenario']}.metamorphic",
-                                   name=f"{rec['target']} {rec['norm']} {rec['dtype']} [{rec['invariance_key']}]")
+                tc = ET.SubElement(suite, "testcase", classname=one_line(f"clipcheck.{rec['scenario']}.metamorphic"),
+                                   name=one_line(f"{rec['target']} {rec['norm']} {rec['dtype']} "
+                                                 f"[{rec['invariance_key']}]"))
                 if not rec["passed"]:
-                    ET.SubElement(tc, "failure", message=f"coefficient gap {rec['gap']:.7g}").text = "\n".join(
-                        f"{label}: {c}" for label, c in rec["coefficients"].items())
+                    ET.SubElement(tc, "failure", message=f"coefficient gap {rec['gap']:.7g}").text = lines("\n".join(
+                        f"{one_line(label)}: {c}" for label, c in rec["coefficients"].items()))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_junit(path: str, records: Iterable[Record]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(junit_xml(records))
+def write_junit(path: str, records: Iterable[Record]) -> str | None:
+    """Write the JUnit file; why it could not be written (one line), or None."""
+    return write_text(path, junit_xml(records))

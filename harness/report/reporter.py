@@ -12,17 +12,19 @@ Non-finite numbers are written as the strings "nan", "inf", "-inf" to keep every
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import sys
 from typing import IO, Any, Iterable, Mapping
 
-from harness.cases.variant import bound_label
+from harness.cases.variant import CaseSpec, bound_label
 from harness.judge.blame import blame_lines, blame_summary, blame_tolerance, weight_line
 from harness.judge.checks import CaseResult
 from harness.judge.tolerance import NORM_RTOL
 from harness.report.junit import write_junit
+from harness.report.results_file import ResultsFile, report_problems
+from harness.report.safe_text import lines, one_line
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
-from harness.judge.records import CaseRecord, MetamorphicRecord, Record
+from harness.judge.records import CaseRecord, InFlightRecord, MetamorphicRecord, Record
 from harness.judge.verdicts import count
 from harness.targets.target import Finding, Target, finding_for, synthetic
 
@@ -143,18 +145,27 @@ class Reporter:
         self.world_size = world_size
         self.backend = backend
         self.verbose = verbose
-        self.json = open(json_path, "a" if append else "w", encoding="utf-8") if json_path else None
+        self.json = ResultsFile(json_path, append) if json_path else None
         self._noted: set[str] = set()
         self.records: list[Record] = []
 
     def _write_json(self, obj: Record) -> None:
         self.records.append(obj)
         if self.json is not None:
-            self.json.write(json.dumps(obj) + "\n")
-            self.json.flush()
+            self.json.write(obj)
+
+    def in_flight(self, case: CaseSpec) -> None:
+        """Mark ``case`` as started, in the file only: if rank 0 dies in it (plain torchrun has no one
+        to record that), the file ends with this marker and no case record, which ``count`` reads as
+        a case not judged."""
+        if self.json is not None:
+            marker: InFlightRecord = {"type": "in_flight", "index": case.index, "scenario": case.scenario,
+                                      "layout": case.variant.label, "target": case.target,
+                                      "world_size": self.world_size}
+            self.json.write(marker)
 
     def _print(self, line: str = "") -> None:
-        print(line, file=self.out, flush=True)
+        print(lines(line), file=self.out, flush=True)
 
     def header(self, n_cases: int, notes: Iterable[str]) -> None:
         tol = ", ".join(f"{k} {v:g}" for k, v in NORM_RTOL.items())
@@ -167,7 +178,7 @@ class Reporter:
 
     def case(self, result: CaseResult) -> None:
         case = result.case
-        label = case.variant.label
+        label = one_line(case.variant.label)
         if label not in self._noted:
             self._noted.add(label)
             for mismatch in result.mismatches:
@@ -177,7 +188,8 @@ class Reporter:
                     self._print(f"  measured [{label}] {name}: {where}")
         reported = result.reported[0] if result.reported else None
         self._print(
-            f"{case.scenario:<17} {label:<52} {case.target:<25} {case.norm_label:<5} {case.injection.dtype:<5} "
+            f"{one_line(case.scenario):<17} {label:<52} {one_line(case.target):<25} {case.norm_label:<5} "
+            f"{case.injection.dtype:<5} "
             f"{bound_label(case.clip_ratio, case.max_norm):<7} {_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
         )
         for check in result.failed:
@@ -217,12 +229,14 @@ class Reporter:
         counts = count(self.records)
         self._print(f"summary: {counts.line()}")
         self._write_json(counts.as_record())
-        if self.junit_path:
-            write_junit(self.junit_path, self.records)
-        self.close()
-        return counts.status
+        junit_problem = write_junit(self.junit_path, self.records) if self.junit_path else None
+        json_problem = self.close()
+        return report_problems([json_problem, junit_problem], counts.status, sys.stderr)
 
-    def close(self) -> None:
-        if self.json is not None:
-            self.json.close()
-            self.json = None
+    def close(self) -> str | None:
+        """Close the JSON Lines file; why it could not all be written, or None."""
+        if self.json is None:
+            return None
+        self.json.close()
+        problem, self.json = self.json.problem(), None
+        return problem

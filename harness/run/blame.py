@@ -1,4 +1,5 @@
-"""Run a case, and when its norm is wrong, the one-group sub-cases that say which parameters to blame.
+"""Run a case, and diagnose a failure: when its norm is wrong, the one-group sub-cases that say which
+parameters to blame; when its layout's declared plan lies, the same case on the honest plan.
 
 Every rank runs the same sub-cases in lockstep (they are collectives of the target's), so the
 decision is rank 0's verdict, shared through the store. The weights and the words are
@@ -8,24 +9,34 @@ would, and is reported the same way.
 
 from __future__ import annotations
 
+import dataclasses
+
 from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, group_only, parameter_groups,
                                  reuse_blame, weigh)
+from harness.judge.signatures import lying_plan_line
 from harness.judge.checks import CaseResult, surviving_signature
 from harness.run.runner import run_case
 from harness.run.world import DistWorld
-from harness.cases.variant import CaseSpec
+from harness.cases.variant import CaseSpec, plan_lies, with_honest_plan
 from harness.cases.scenario import Scenario
 from harness.targets.target import Target
 
 
 def run_case_with_blame(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target,
                         blame: str | bool = "auto") -> CaseResult | None:
-    """``run_case``; when its norm is wrong, the result carries the weight of each parameter group
-    (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``, False ``off``)."""
-    mode = {True: "all", False: "off"}.get(blame, blame) if isinstance(blame, bool) else blame
+    """``run_case``, then the diagnosis of a failure (unless ``blame`` is off): when its norm is wrong,
+    the weight of each parameter group (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``,
+    False ``off``); when its layout's declared plan lies, whether the clip is exact on the honest plan."""
+    mode = ("all" if blame else "off") if isinstance(blame, bool) else blame
     result = run_case(world, case, scenario, target)
     if mode == "off" or case.skip is not None:
         return result
+    result = _weighed(world, case, scenario, target, mode, result)
+    return _tried_on_the_honest_plan(world, case, scenario, target, result)
+
+
+def _weighed(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target, mode: str,
+             result: CaseResult | None) -> CaseResult | None:
     decision = None
     if world.rank == 0 and result is not None and blame_reason(result) is None:
         decision = "reuse" if mode == "auto" and reuse_blame(world.blamed, result) else "run"
@@ -46,4 +57,21 @@ def run_case_with_blame(world: DistWorld, case: CaseSpec, scenario: Scenario, ta
         result.blame_note = note
     result.signature = surviving_signature(result, judged)  # each one-group run tests the signature's mechanisms
     world.blamed[blame_key(result.case)] = result
+    return result
+
+
+def _tried_on_the_honest_plan(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target,
+                              result: CaseResult | None) -> CaseResult | None:
+    """A failing case whose declared plan lies, run once more with the honest plan: when it then
+    passes, the failure comes from the declaration alone, and the result says so (fix the plan, not
+    the clip). Once per layout, target, norm and dtype (``world.honest``)."""
+    key = blame_key(case)
+    wanted = (world.rank == 0 and result is not None and result.verdict == "FAIL" and bool(plan_lies(case.variant))
+              and key not in world.honest)
+    if world.allgather_json("honest", wanted, world.timeout_s)[0]:
+        honest = run_case(world, dataclasses.replace(case, variant=with_honest_plan(case.variant)), scenario, target)
+        if honest is not None:
+            world.honest[key] = honest.verdict == "PASS"
+    if result is not None and world.honest.get(key):
+        result.signature = result.signature + [lying_plan_line(plan_lies(case.variant))]
     return result

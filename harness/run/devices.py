@@ -58,8 +58,29 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def world_skip_reason(world_size: int, backend: str, devices: int) -> str | None:
-    """Why a world of ``world_size`` ranks cannot run on ``backend`` with ``devices`` GPUs, or None."""
+RANKS_PER_CORE = 4
+MAX_LOCAL_RANKS = 64
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def max_local_ranks(cores: int) -> int:
+    """How many ranks one machine with ``cores`` usable cores is asked to run at most: four per core
+    (world 8 on 2 cores is measured and fine), never fewer than 8 nor more than 64. Past it a launch
+    only thrashes (``run --nproc 64`` on 2 cores once started 64 ranks and ground to a halt)."""
+    return min(MAX_LOCAL_RANKS, max(8, RANKS_PER_CORE * cores))
+
+
+def world_skip_reason(world_size: int, backend: str, devices: int, cores: int | None = None) -> str | None:
+    """Why a world of ``world_size`` ranks on this machine cannot run on ``backend`` with ``devices``
+    GPUs and ``cores`` usable cores (this process's, by default), or None."""
+    cap = max_local_ranks(usable_cores() if cores is None else cores)
+    if world_size > cap:
+        return (f"world size {world_size}: this machine runs at most {cap} ranks ({RANKS_PER_CORE} per usable core, "
+                f"at least 8, at most {MAX_LOCAL_RANKS})")
     if backend != "nccl":
         return None
     if devices == 0:

@@ -10,10 +10,19 @@ How a run can break, and what each rank does:
 * a rank stops answering in the store (it died in C code, or hung holding the GIL):
   ``DeadRankError``, handled the same way (``crash``);
 * the launcher stops the ranks (SIGTERM: torchrun does that when one rank dies): rank 0 records the
-  case in flight as a ``crash`` and the rest as ``not_run`` before it exits.
+  case in flight as a ``crash`` and the rest as ``not_run`` before it exits;
+* the run is interrupted (SIGINT, which torchrun and ``clipcheck run`` pass on to every rank): rank 0
+  records the case in flight as ``interrupted`` and the rest as ``not_run``, with the summary; every
+  rank exits 130, quietly;
+* the target left a thread running (``leftovers``): its case is judged (a ``contract`` fault), then
+  the rest are ``not_run`` and the run ends, so that the thread cannot reach another case
+  (``clipcheck run`` resumes the launch at the next case in fresh processes);
+* rank 0 dies outright (gloo aborts it): nobody is left to write, so before each case rank 0 writes
+  an ``in_flight`` marker, and a file that ends with one counts that case as not judged.
 
-Exit status: 0 every case passed, 1 some case or metamorphic group failed (or a harness error),
-3 some planned case was not judged (hang, crash, not run).
+Exit status (the same on every rank: ``DistWorld.leave_together``): 0 every case passed, 1 some case
+or metamorphic group failed (or a harness error), 3 some planned case was not judged (hang, crash,
+not run), 4 nothing was judged, 5 a results file could not be written, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -35,23 +44,25 @@ from harness.run.world import DeadRankError, DistWorld, WorldBroken
 
 STOPPED_DETAIL = ("stopped by SIGTERM while this case ran: under torchrun, another rank died (see the launcher's "
                   "output for its exit code) or the run was interrupted")
+INTERRUPTED_DETAIL = "interrupted by SIGINT while this case ran"
+EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 
-class SigtermWatcher:
-    """Calls ``on_stop`` from its own thread as soon as SIGTERM arrives, even while the main thread is
-    blocked in C++ (a gloo collective waiting for a dead peer), where a Python signal handler would
-    only run after torchrun's grace period has already ended in SIGKILL.
+class StopWatcher:
+    """Calls ``on_stop(signum)`` from its own thread as soon as one of ``signals`` arrives, even while
+    the main thread is blocked in C++ (a gloo collective waiting for a dead peer), where a Python signal
+    handler would only run after torchrun's grace period has already ended in SIGKILL.
 
     Python's C-level handler writes the signal number to the wakeup fd from whichever thread took the
     signal; this thread reads it."""
 
-    def __init__(self, on_stop: Any) -> None:
+    def __init__(self, signals: tuple[signal.Signals, ...], on_stop: Any) -> None:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
-        self._previous_handler = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        self._previous_handlers = {s: signal.signal(s, lambda signum, frame: None) for s in signals}
         self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         self._on_stop = on_stop
-        threading.Thread(target=self._watch, name="clipcheck-sigterm", daemon=True).start()
+        threading.Thread(target=self._watch, name="clipcheck-stop-watcher", daemon=True).start()
 
     def _watch(self) -> None:
         while True:
@@ -61,14 +72,21 @@ class SigtermWatcher:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data:
-                self._on_stop()
-                return
+            for signum in self._previous_handlers:
+                if signum in data:
+                    self._on_stop(signum)
+                    return
 
     def close(self) -> None:
         signal.set_wakeup_fd(self._previous_fd)
-        signal.signal(signal.SIGTERM, self._previous_handler)
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
         os.close(self._write)  # the watcher's read sees end of file and returns
+
+
+def _leave_quietly(signum: int) -> None:
+    """A rank other than rank 0, interrupted: no traceback, the status of an interruption."""
+    os._exit(128 + signum)
 
 
 class Executor:
@@ -91,11 +109,17 @@ class Executor:
             world.hang_handler = self._rank0_hung
 
     def run(self) -> int:
-        watcher = SigtermWatcher(self._rank0_stopped) if self.world.rank == 0 else None
+        watcher = (StopWatcher((signal.SIGTERM, signal.SIGINT), self._rank0_stopped) if self.world.rank == 0
+                   else StopWatcher((signal.SIGINT,), _leave_quietly))
         try:
             for case in self.cases:
-                self._report_pending()  # the previous case, once its model is checked again
+                stop = self._report_pending()  # the previous case, once its model is checked again
+                if stop is not None:
+                    return self._stop_before(case, stop)
                 self.current = case
+                if self.reporter is not None:
+                    with self._reporting:
+                        self.reporter.in_flight(case)
                 result = run_case_with_blame(self.world, case, self.plan.scenarios[case.scenario],
                                              self.plan.targets[case.target], self.blame)
                 with self._reporting:
@@ -110,22 +134,39 @@ class Executor:
         except DeadRankError as exc:
             return self.end_broken("crash", str(exc))
         finally:
-            if watcher is not None:
-                watcher.close()
+            watcher.close()
 
-    def _report_pending(self) -> None:
+    def _stop_before(self, case: CaseSpec, reason: str) -> int:
+        """This world runs nothing more (``DistWorld.stop_after_case``, on some rank): ``case`` and the
+        cases after it are not run, and say why."""
+        self.progress.finish()
+        if self.reporter is None:
+            return 0
+        with self._reporting:
+            for later in self.cases[self.cases.index(case):]:
+                self.reporter.case(unjudged_result(
+                    later, "not_run", f"not run: the world was stopped before case {case.index}: {reason}",
+                    self.world.world_size))
+            status = self.reporter.finish(self.results)
+        print(f"clipcheck: the run stopped before case {case.index}: {reason}", file=sys.stderr, flush=True)
+        return status
+
+    def _report_pending(self) -> str | None:
         """Check the last case's model once more on every rank (``aftermath.LateWatch``: a change that
         came after its own exchanges), then rank 0 reports that case: a few milliseconds after it ended,
-        before the next one starts."""
+        before the next one starts. The same exchange tells every rank whether some rank's world must
+        stop (its target left a thread running: ``leftovers``); the reason, or None."""
         watch, self.world.late_watch = self.world.late_watch, None
-        changes = self.world.allgather_json("late", watch.changes() if watch is not None else [],
-                                            self.world.exchange_deadline_s)
+        posts = self.world.allgather_json("late", {"changes": watch.changes() if watch is not None else [],
+                                                   "stop": self.world.stop_reason}, self.world.exchange_deadline_s)
         with self._reporting:
             result, self.pending = self.pending, None
             if self.reporter is not None and result is not None:
                 self.progress.clear()
-                self.reporter.case(amend_late(result, changes))
+                self.reporter.case(amend_late(result, [p["changes"] for p in posts]))
                 self.results.append(result)
+        stops = [f"rank {r}: {p['stop']}" for r, p in enumerate(posts) if p["stop"]]
+        return "; ".join(stops) if stops else None
 
     def _finish(self) -> int:
         if self.reporter is None:
@@ -166,13 +207,18 @@ class Executor:
                 self.reporter.case(unjudged_result(case, "not_run", reason, self.world.world_size))
         self.reporter.finish(self.results)
 
-    def _rank0_stopped(self) -> None:
-        """SIGTERM on rank 0 (from the watcher thread): record what is left, then end the process; once
-        every case is recorded the main thread is only finishing the report, so let it."""
+    def _rank0_stopped(self, signum: int) -> None:
+        """SIGTERM or SIGINT on rank 0 (from the watcher thread): record what is left, then end the
+        process, whatever the recording met (a store already gone); once every case is recorded the
+        main thread is only finishing the report, so let it."""
         if self.current is None:
             return
-        self.end_broken("crash", STOPPED_DETAIL)
-        os._exit(3)
+        interrupted = signum == signal.SIGINT
+        try:
+            self.end_broken("interrupted" if interrupted else "crash",
+                            INTERRUPTED_DETAIL if interrupted else STOPPED_DETAIL)
+        finally:
+            os._exit(EXIT_INTERRUPTED if interrupted else 3)
 
     def _rank0_hung(self, message: str) -> None:
         """Rank 0's own watchdog: its main thread is stuck, so this thread reports, then ends it."""

@@ -22,6 +22,7 @@ def forget_blame() -> None:
     """Runs on every rank of the pool: a new plan starts, so no weighing of an earlier one is reused
     (a warm world outlives plans, and the same target name may now be another function)."""
     current_world().blamed.clear()
+    current_world().honest.clear()
 
 
 def _last_line(result: RankResult) -> str:
@@ -41,6 +42,9 @@ def run_case_on_pool(pool: RankPool, case: CaseSpec, scenario: Scenario, blame: 
     hung = [r for r in bad if r.status == "hung" or "WorldBroken" in (r.error or "")]
     check = "hang" if hung else "crash"
     primary = [r for r in bad if r.status in ("hung", "died")] or bad
-    detail = "; ".join(f"rank {r.rank} {r.status}: {(r.error or '').strip()}" if r.status == "hung"
-                       else f"rank {r.rank} {r.status}: {_last_line(r)}" for r in primary)
+    # the others too (a rank that raised is often what left the hung one waiting), in one line each
+    detail = "; ".join([*(f"rank {r.rank} {r.status}: {(r.error or '').strip()}" if r.status == "hung"
+                          else f"rank {r.rank} {r.status}: {_last_line(r)}" for r in primary),
+                        *(f"rank {r.rank} {r.status}: {_last_line(r)}" for r in bad
+                          if r not in primary and r.status != "collateral")])
     return unjudged_result(case, check, detail, pool.world_size)

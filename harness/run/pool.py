@@ -25,7 +25,6 @@ Tasks and their arguments are pickled; functions travel by reference, so they mu
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import faulthandler
 import multiprocessing as mp
@@ -37,14 +36,18 @@ import sys
 import tempfile
 import time
 import traceback
+import types
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterator, cast
 
 import torch.distributed as dist
 
+from harness.run.family import children_die_with_this_process, die_with_parent
 from harness.run.startup import share_the_cores
 from harness.run.torch_compat import LISTEN_FD_ON_LIBUV
+from harness.run.watchdog import timeout_problem
 from harness.run.world import DistWorld
 
 _WORLD: DistWorld | None = None
@@ -84,14 +87,6 @@ PEER_GRACE_S = 2.0
 be stuck on it."""
 
 
-def die_with_parent() -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent dies (best effort elsewhere)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def loopback_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     """A TCPStore server reachable from this machine only: TCPStore itself binds every interface, so
     it is handed a socket already bound to 127.0.0.1 (the store owns and closes that descriptor)."""
@@ -117,6 +112,10 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
             conn: Connection, path: list[str], stack_dir: str) -> None:
     global _WORLD
     die_with_parent()
+    children_die_with_this_process()  # a child a task forks must not hold this rank's pipe open
+    # Ctrl-C reaches the whole foreground group: the parent decides (it stops or kills the pool), a
+    # rank printing its own KeyboardInterrupt traceback would only bury the parent's one line
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.path[:] = path
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size),
@@ -148,7 +147,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
         _, fn, args, kwargs, new_path = message
         sys.path[:] = new_path
         try:
-            conn.send(("ok", fn(*args, **kwargs)))
+            conn.send(("ok", fn(*args, **kwargs), _WORLD.stop_reason))
         except BaseException as exc:  # noqa: BLE001 - report anything, including pytest outcomes
             if type(exc).__name__ == "Skipped":
                 conn.send(("skip", str(exc)))
@@ -156,17 +155,39 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
             text = "".join(traceback.format_exception(exc)).rstrip()
             if dist.is_initialized():
                 _WORLD.abandon()
-            conn.send(("error", text))
+            conn.send(("error", text, _WORLD.stop_reason))
+        if _WORLD.stop_reason is not None:  # the task left something running: the parent restarts us
+            break
     _WORLD.close()
 
 
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start processes that do not import this process's ``__main__``: multiprocessing has each new
+    process run the main script again (as ``__mp_main__``), so a script calling ``harness.check`` at
+    its top level, without an ``if __name__ == "__main__":`` guard, had every rank call it again and
+    die ("PoolBroken ... rank 0 died", no reason given). Tasks of the harness's own never need it."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__: nothing to import
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class RankPool:
-    """``world_size`` persistent ranks on this machine; ``run`` calls a function on all of them."""
+    """``world_size`` persistent ranks on this machine; ``run`` calls a function on all of them.
+    ``import_main=False``: the ranks do not import the parent's main script (``harness.check``'s
+    pools, whose tasks are the harness's own; a task defined in the script itself then cannot run)."""
 
     def __init__(self, world_size: int, backend: str | None = None, timeout_s: float = 60.0,
-                 start_method: str = "forkserver", start_timeout_s: float = 120.0) -> None:
+                 start_method: str = "forkserver", start_timeout_s: float = 120.0, import_main: bool = True) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be positive, got {world_size}")
+        problem = timeout_problem(timeout_s, "timeout_s")
+        if problem:
+            raise ValueError(problem)
+        self.import_main = import_main
         self.world_size = world_size
         self.backend = backend
         self.timeout_s = timeout_s
@@ -178,6 +199,7 @@ class RankPool:
         self._store: dist.TCPStore | None = None
         self._stack_dir: str | None = None  # where a silent rank dumps its stack; made by start()
         self._needs_regenerate = False
+        self._must_restart = False  # a rank's world was stopped by the last task (``leftovers``)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -201,7 +223,8 @@ class RankPool:
                 daemon=True,
                 name=f"clipcheck-rank{rank}",
             )
-            proc.start()
+            with (nullcontext() if self.import_main else _main_module_hidden()):
+                proc.start()
             child_end.close()
             self._procs.append(proc)
             self._conns.append(parent_end)
@@ -237,6 +260,7 @@ class RankPool:
             conn.close()
         self._procs, self._conns = [], []
         self._store = None
+        self._must_restart = False
 
     def __enter__(self) -> "RankPool":
         return self
@@ -255,7 +279,7 @@ class RankPool:
         for conn in self._conns:  # pickled for each rank: a CPU tensor travels as a handle only one can claim
             conn.send(("call", fn, args, kwargs, list(sys.path)))
         results = self._collect(timeout_s if timeout_s is not None else 2 * self.timeout_s + 30)
-        if any(r.status in ("hung", "died", "collateral") for r in results):
+        if self._must_restart or any(r.status in ("hung", "died", "collateral") for r in results):
             self.kill()
         elif any(r.status != "ok" for r in results):
             self._needs_regenerate = True
@@ -282,7 +306,8 @@ class RankPool:
             for conn in ready:
                 rank = waiting.pop(conn)
                 try:
-                    status, payload = conn.recv()
+                    status, payload, *stop = conn.recv()
+                    self._must_restart = self._must_restart or any(stop)
                 except (EOFError, OSError):
                     self._procs[rank].join(timeout=5)
                     code = self._procs[rank].exitcode

@@ -49,6 +49,7 @@ from harness.judge.truth import measured_norm
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario
 from harness.targets.target import Target, reported_value
+from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched
 from harness.run.world import DistWorld, WorldBroken
 
@@ -102,8 +103,9 @@ def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[st
     or broken default group means a fresh generation of groups on every rank."""
     statuses = world.allgather_json(topic, status, world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
-    if hung:
-        raise WorldBroken(hung, "; ".join(f"rank {r}: {statuses[r]['error']}" for r in hung))
+    if hung:  # those that raised meanwhile are named too: often what left the others waiting
+        raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
+        raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
     if any(s["error"] is not None or s.get("broken") for s in statuses):
         world.regenerate()
     return statuses
@@ -164,8 +166,10 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     default_group = dist.group.WORLD
     state_before, threads_before = ModelState.of(model), set(threading.enumerate())
+    before = census()
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
     reported, fault, broken = None, None, False
+    left = left_behind(before)  # processes: killed now (threads are waited for below: ``aftermath``)
     if error is None:
         try:
             reported = reported_value(value)
@@ -173,6 +177,8 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
             fault = f"{exc} (returned by {where_defined(target.fn)})"
     if not dist.is_initialized() or dist.group.WORLD is not default_group:
         fault, broken = "the clip function destroyed or replaced the default process group", True
+    if left is not None:  # a child process may have used this rank's groups: fresh ones for all
+        fault, broken = "; ".join(filter(None, [fault, left])), True
     if any(s["error"] is not None or s.get("broken")
            for s in _agree(world, "status", {"error": error, "fault": fault, "broken": broken})):
         groups = world.mesh(layout.mesh)
@@ -183,6 +189,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     baseline = fingerprint(model, names)
     late, running = settled_changes(threads_before, model, names, baseline)
     local["late"] = late
+    if running:  # its collectives would reach the next case: this world stops after this one
+        fault = "; ".join(filter(None, [fault, threads_fault(running)]))
+        world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
     world.late_watch = LateWatch(model, names, baseline, running)
     # this rank's part only: the parts travel in the records, and rank 0 merges them
     local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)

@@ -8,12 +8,8 @@ import importlib
 import os
 import sys
 
+from harness.run.devices import usable_cores
 from harness.cases.plan import Plan
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask, where the platform has one)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def share_the_cores(local_ranks: int) -> bool:

@@ -56,6 +56,15 @@ ENDED_KEY = "clipcheck/ended"
 """Set by whichever rank reported the end of a broken run; the others wait for it before exiting,
 so a launcher that kills every rank once one exits cannot cut the report short."""
 
+EXIT_STATUS_KEY = "clipcheck/exit_status"
+"""Rank 0's exit status, which every rank leaves with (``leave_together``)."""
+
+PEER_POST_WAIT_S = 5.0
+"""How long a hung rank's watchdog waits for the other ranks' posts before it reports."""
+
+UNKNOWN_EXIT_STATUS = 3
+"""What a rank leaves with when it cannot learn rank 0's (its store is gone): not judged here."""
+
 
 @dataclass
 class MeshGroups:
@@ -136,12 +145,15 @@ class DistWorld:
         self.truth_cache = TruthCache()
         self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
         self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
+        self.honest: dict[BlameKey, bool] = {}  # rank 0: whether a lying-plan case passed on the honest plan
         self._posted: list[str] = []
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
         self._lock = threading.Lock()
         self._hung: str | None = None
         self.hang_handler: Callable[[str], None] = self.default_hang_handler
+        self.stop_reason: str | None = None
+        """Set (on every rank alike) when this world must not run another case (``stop_after_case``)."""
         if start:
             self.start()
 
@@ -265,14 +277,55 @@ class DistWorld:
         with self._lock:
             if self._hung is not None:
                 return
-            self._hung = str(payload.get("error"))
-            self._post(topic, dict(payload, hung=True), self.side_store)
+            keys, mine = self._post(topic, dict(payload, hung=True), self.side_store)
+            self._hung = str(payload.get("error")) + self._peer_errors([k for k in keys if k != mine])
         self.hang_handler(self._hung)
+
+    def _peer_errors(self, keys: list[str]) -> str:
+        """What the other ranks posted for the exchange this rank hung before: often the exception
+        that left it waiting (one rank raised, this one waits in a collective it will never leave).
+        Waits a little for them (they post as their own calls end); one clause per rank that raised."""
+        try:
+            self.side_store.wait(keys, datetime.timedelta(seconds=PEER_POST_WAIT_S))
+        except Exception:  # noqa: BLE001 - some never post (they hang too): report those that did
+            pass
+        raised = []
+        for key in keys:
+            try:
+                if self.side_store.check([key]):
+                    error = json.loads(self.side_store.get(key)).get("error")
+                    if error and not str(error).startswith("hung"):
+                        raised.append(f"; rank {key.rsplit('/', 1)[1]} raised {error}")
+            except Exception:  # noqa: BLE001 - best effort: the hang is reported either way
+                continue
+        return "".join(raised)
 
     def default_hang_handler(self, message: str) -> None:
         """A hung rank that is not the reporter: wait until the run's end is reported, then exit 3."""
         self.wait_ended()
         os._exit(3)
+
+    def stop_after_case(self, reason: str) -> None:
+        """The case goes on to its verdict, then this world runs nothing more (a thread the target left
+        running would reach the next case). Called on the rank concerned; the ranks agree on it at the
+        next exchange before a case (``Executor._report_pending``); a warm world's rank just ends."""
+        self.stop_reason = self.stop_reason or reason
+
+    def leave_together(self, status: int) -> int:
+        """Rank 0's exit status, for every rank to exit with. A job spread over several nodes ends the
+        same way on each (torchelastic's agents then take the same path: a node whose ranks all exit 0
+        waits in the exit barrier for the others, 300 s, and was once the only one to, while the store
+        host had already failed); a rank that cannot learn it exits UNKNOWN_EXIT_STATUS."""
+        if self.world_size == 1:
+            return status
+        if self.rank == 0:
+            self.side_store.set(EXIT_STATUS_KEY, str(status))
+            return status
+        try:
+            self.side_store.wait([EXIT_STATUS_KEY], datetime.timedelta(seconds=self.exchange_deadline_s))
+            return int(self.side_store.get(EXIT_STATUS_KEY))
+        except Exception:  # noqa: BLE001 - the store went with rank 0's node
+            return UNKNOWN_EXIT_STATUS
 
     def signal_ended(self) -> None:
         self.side_store.set(ENDED_KEY, "1")

@@ -1,0 +1,190 @@
+"""What a clip starts, leaves or breaks around it is its own fault, in bounded time, and no process
+outlives the command that started it: issue 30 items 7, 8 and 12, issue 29 item 6.
+
+Fault targets: tests/fault_targets.py."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+import harness
+from harness.judge.verdicts import EXIT_BROKEN
+from harness_runs import alive, descendants, failed, run_clipcheck, run_harness, start_harness, wait_until
+
+pytestmark = pytest.mark.distributed
+
+FAULTS = "tests/fault_targets.py"
+ONE_CASE = ["--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5", "--variant",
+            "replicated"]
+CHILDREN = ["forks_a_sleeper", "spawns_a_sleeper", "forked_child_runs_collectives"]
+
+
+class FamilyWatch:
+    """Every process seen under ``pid`` while it runs (polled), to check none outlives it."""
+
+    def __init__(self, pid: int) -> None:
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(pid,), daemon=True)
+        self._thread.start()
+
+    def _watch(self, pid: int) -> None:
+        while not self._stop.wait(0.3):
+            self.seen |= descendants(pid)
+
+    def survivors(self) -> list[int]:
+        self._stop.set()
+        self._thread.join()
+        deadline = time.monotonic() + 20
+        while alive(self.seen) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return alive(self.seen)
+
+
+# -- 30.7: a clip's own child processes ----------------------------------------------------------------------
+@pytest.mark.parametrize("launcher", ["clipcheck-run", "torchrun"])
+def test_a_clips_child_processes_fail_its_case_and_are_gone_in_bounded_time(tmp_path, launcher):
+    """30.7: with forked ranks `clipcheck run` once waited for every descendant of a rank (a forked child
+    inherits the pipe whose closing tells the agent the rank ended): a clip that forked a 400 s sleeper
+    held a `--timeout 10` launch past 150 s, a forked child running collectives deadlocked it for good.
+    Each such clip now fails its own case (contract, naming what it left), what it left is killed, the
+    next case passes, and the command ends in bounded time with nothing left behind."""
+    targets = ",".join([*(f"{FAULTS}:{name}" for name in CHILDREN), "reference"])
+    args = [*ONE_CASE, "--target", targets, "--timeout", "10"]
+    start = time.monotonic()
+    run = (run_clipcheck if launcher == "clipcheck-run" else run_harness)(2, args, tmp_path, timeout=400)
+    seconds = time.monotonic() - start
+    for name in CHILDREN:
+        case = run.one(target=f"{FAULTS}:{name}")
+        assert case["verdict"] == "FAIL" and "contract" in failed(case), (name, case["checks"])
+        detail = case["checks"]["contract"]["detail"]
+        assert "process(es)" in detail and "killed" in detail, detail
+    assert run.one(target="reference")["verdict"] == "PASS"
+    assert seconds < 300, seconds
+    assert not [line for line in _sleepers()], _sleepers()
+
+
+def _sleepers() -> list[str]:
+    """`sleep 400` processes (what spawns_a_sleeper starts), anywhere on this machine."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == b"sleep\x00400\x00":
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
+
+
+# -- 30.8: SIGKILL with spawned ranks ------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["run", "matrix"])
+def test_spawned_ranks_die_with_a_launcher_killed_outright(tmp_path, command):
+    """30.8: spawned ranks (--spawn-ranks; every nccl/CUDA run) start in a session of their own, and lived
+    on for minutes after `clipcheck run` or `clipcheck matrix` was SIGKILLed. They die with their parent
+    now, and a launcher with its matrix."""
+    args = [*ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1", "--timeout", "600", "--spawn-ranks"]
+    head = (["run", "--nproc", "2"] if command == "run"
+            else ["matrix", "--nproc-list", "2", "--out", str(tmp_path / "m")])
+    proc = start_harness([*head, *args])
+    try:
+        wait_until(lambda: len(descendants(proc.pid)) >= (2 if command == "run" else 3), 240, "the ranks")
+        time.sleep(3)  # into the case
+        family = descendants(proc.pid)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    wait_until(lambda: not alive(family), 30, f"no rank left behind (left: {alive(family)})")
+
+
+# -- 30.12: a thread a clip leaves running ---------------------------------------------------------------------
+TWO_BOUNDS = ["--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5,2",
+              "--variant", "replicated"]
+
+
+@pytest.mark.parametrize("launcher", ["clipcheck-run", "torchrun"])
+def test_a_leaked_collective_thread_fails_its_own_target_never_the_next(tmp_path, launcher):
+    """30.12: a target that left a thread all-reducing on the default group once made the next, correct
+    target fail (3 of its cases). The thread is the leaking target's fault (contract), and its world is
+    stopped after that case: `clipcheck run` resumes in fresh processes (the reference passes), plain
+    torchrun, which cannot, records the rest as not run (exit 3) rather than judge them in that world."""
+    args = [*TWO_BOUNDS, "--target", f"{FAULTS}:leaks_a_collective_thread,reference", "--timeout", "10"]
+    run = (run_clipcheck if launcher == "clipcheck-run" else run_harness)(2, args, tmp_path, timeout=400)
+    leaks = run.cases(target=f"{FAULTS}:leaks_a_collective_thread")
+    assert leaks and all("contract" in failed(c) for c in leaks[:1]), [c["checks"] for c in leaks]
+    assert "thread(s) running after it returned (leaked-allreduce" in leaks[0]["checks"]["contract"]["detail"]
+    references = run.cases(target="reference")
+    assert len(references) == 2
+    if launcher == "clipcheck-run":
+        assert all(c["verdict"] in ("PASS", "FAIL") for c in leaks)
+        assert [c["verdict"] for c in references] == ["PASS", "PASS"], [c["checks"] for c in references]
+        assert "relaunching" in run.stderr
+    else:
+        assert all(c["verdict"] != "PASS" for c in references)  # never judged in the contaminated world
+        assert run.summary["status"] == EXIT_BROKEN
+
+
+def test_a_leaked_thread_restarts_a_warm_world():
+    """30.12 through harness.check (a RankPool): the pool is restarted before the next case."""
+    report = harness.check("tests/fault_targets.py:leaks_a_collective_thread", scenarios=["dense_dp"], worlds=[2],
+                           dtypes=["fp32"], norm_types=[2], clip_ratios=[0.5, 2.0], variant="replicated",
+                           timeout_s=10)
+    assert [c["verdict"] for c in report.cases] == ["FAIL", "FAIL"], report.describe()
+    assert all("thread(s)" in c["checks"]["contract"]["detail"] for c in report.cases)
+
+
+# -- 29.6: who raised, and who was left waiting where ---------------------------------------------------------
+def test_a_rank_that_raised_and_a_rank_left_waiting_are_both_named(tmp_path):
+    """29.6: DeepSpeed 0.19.8's inf branch raises on a rank holding no gradient and the healthy ranks hang
+    in a collective; the record named only one side. Now the case names both: who raised (and what), and
+    who was left waiting, with its stack."""
+    run = run_clipcheck(2, [*ONE_CASE, "--target", f"{FAULTS}:raise_on_rank1_while_rank0_waits,reference",
+                            "--timeout", "5"], tmp_path, timeout=400)
+    case = run.one(target=f"{FAULTS}:raise_on_rank1_while_rank0_waits")
+    assert case["verdict"] == "ERROR" and "hang" in case["checks"], case["checks"]
+    detail = case["checks"]["hang"]["detail"]
+    assert "rank 0: hung" in detail and "new_group" in detail, detail
+    assert "rank 1 raised IndexError: no gradient on this rank" in detail, detail
+    assert run.one(target="reference")["verdict"] == "PASS"
+
+
+def test_a_warm_world_names_both_sides_too():
+    """29.6 through harness.check: the pool's record names the hung rank and the one that raised."""
+    report = harness.check("tests/fault_targets.py:raise_on_rank1_while_rank0_waits", scenarios=["dense_dp"],
+                           worlds=[2], dtypes=["fp32"], norm_types=[2], clip_ratios=[0.5], variant="replicated",
+                           timeout_s=5)
+    (case,) = report.cases
+    detail = case["checks"]["hang"]["detail"]
+    assert "rank 0 hung" in detail and "IndexError" in detail, detail
+
+
+def test_interrupting_leaves_no_process_even_mid_hang(tmp_path):
+    """30.9 / 30.7: SIGTERM to a launch whose rank hangs ends every process it started."""
+    proc = start_harness(["run", "--nproc", "2", *ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1",
+                          "--timeout", "600"])
+    watch = FamilyWatch(proc.pid)
+    wait_until(lambda: len(watch.seen) >= 2, 240, "the ranks")
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=150)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not watch.survivors()
+
+
+def test_interrupting_fuzz_is_quiet_and_leaves_no_rank(tmp_path):
+    """30.9 for `clipcheck fuzz`: SIGINT ends it with 130, one line, no traceback (neither its own nor a
+    rank's), and its warm world goes with it."""
+    proc = start_harness(["fuzz", "--target", f"{FAULTS}:slow_reference", "--world", "2", "--examples", "5"],
+                         CLIPCHECK_TEST_SLEEP="600")
+    watch = FamilyWatch(proc.pid)
+    wait_until(lambda: len(watch.seen) >= 3, 240, "the warm world")  # its fork server and two ranks
+    time.sleep(5)  # into the first example
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT and "Traceback" not in err, out + err
+    assert not watch.survivors()
