@@ -27,6 +27,7 @@ from harness.cases.matrix import spec_from_mapping
 from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
+from harness.report.failures import failures_text
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_PASS, count
 from harness.run.watchdog import timeout_problem
@@ -64,8 +65,14 @@ class CheckReport:
         return [r for r in self.cases if r["verdict"] in ("FAIL", "ERROR")]
 
     def describe(self) -> str:
-        """What ``clipcheck run`` prints for the same selection, world after world."""
-        return self.text
+        """Short, for ``assert report.passed, report.describe()``: the worlds skipped, each world's
+        header and summary line, then the failing cases only (``FAILURES_SHOWN`` at most), each with
+        its failed checks, signature, first blame lines and the ``clipcheck run`` command that runs it
+        again. ``text`` holds everything ``clipcheck run`` would have printed (every case)."""
+        kept = [line.split("; norm tolerance")[0] for line in self.text.splitlines()
+                if line.startswith(("skipped: ", "clipcheck: ", "summary: "))]
+        failing = failures_text(self.records)
+        return "\n".join(kept + ([failing] if failing else []))
 
 
 def target_reference(target: str | Callable[..., Any]) -> str:

@@ -177,7 +177,7 @@ AXES: tuple[Axis, ...] = (
          float),
     Axis("backends", (), _backend, True, "backends the matrix applies to"),
     Axis("seed", ("--seed",), _strict(int), False, "seed of the gradient values (default 0)", int),
-    Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text"),
+    Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text; =LABEL: that one layout exactly"),
     Axis("synthetic", ("--synthetic",), _boolean, False,
          "also run the frameworks' adapters on synthetic layouts: regression layouts no known path of the "
          "framework's trainer reaches (the harness's own targets run them always)", switch=True),
