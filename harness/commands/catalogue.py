@@ -4,7 +4,7 @@ For each mechanism of ``harness.targets.mutants.catalogue``: its upstream report
 that catches it (run now: failed cases of all), how many seeded fuzz examples the fuzzer needs
 to find it, and the signature the judge shows most often. One warm world serves every run. Exit
 status 0 when every mechanism fails its fixed scenario and the fuzzer finds it (within the recorded
-bound at the recorded world, budget and hypothesis release, within the budget otherwise), 1 otherwise; ``--list`` prints
+bound at the recorded world, budget, hypothesis and torch releases, within the budget otherwise), 1 otherwise; ``--list`` prints
 the table without running anything (and the rows reproduced elsewhere or out of scope, with why).
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from harness.judge.verdicts import EXIT_FAIL, EXIT_PASS
-from harness.targets.mutants.catalogue import (CATALOGUE, FUZZ_BUDGET, FUZZ_HYPOTHESIS, FUZZ_SEED, FUZZ_WORLD,
-                                                OUT_OF_SCOPE, REPRODUCED_ELSEWHERE, Mechanism)
+from harness.targets.mutants.catalogue import (CATALOGUE, FUZZ_BUDGET, FUZZ_HYPOTHESIS, FUZZ_SEED, FUZZ_TORCH,
+                                                FUZZ_WORLD, OUT_OF_SCOPE, REPRODUCED_ELSEWHERE, Mechanism)
 
 if TYPE_CHECKING:
     from harness.run.pool import RankPool
@@ -90,11 +90,15 @@ def run_mechanism(m: Mechanism, pool: "RankPool", fuzz_examples: int = FUZZ_BUDG
 
 
 def bounds_apply(world: int, fuzz_examples: int) -> bool:
-    """Whether the recorded bounds hold for a run: the world, budget and hypothesis release they were
-    recorded at (another engine draws another sequence from the same seed)."""
+    """Whether the recorded bounds hold for a run: the world, budget, hypothesis and torch releases they
+    were recorded at (another engine draws another sequence from the same seed; another torch's
+    arithmetic fails other examples)."""
     import hypothesis
 
-    return (world, fuzz_examples, hypothesis.__version__) == (FUZZ_WORLD, FUZZ_BUDGET, FUZZ_HYPOTHESIS)
+    from harness.run.torch_compat import torch_release
+
+    return ((world, fuzz_examples, hypothesis.__version__, torch_release())
+            == (FUZZ_WORLD, FUZZ_BUDGET, FUZZ_HYPOTHESIS, FUZZ_TORCH))
 
 
 def main(argv: Sequence[str]) -> int:

@@ -4,7 +4,10 @@ such difference, each naming the releases it is for, so that raising the floor d
 
 from __future__ import annotations
 
+import datetime
+
 import torch
+import torch.distributed as dist
 
 
 def torch_release(version: str | None = None) -> tuple[int, int]:
@@ -17,3 +20,14 @@ def torch_release(version: str | None = None) -> tuple[int, int]:
 # already-bound socket (master_listen_fd); the legacy backend takes it. libuv takes it from 2.8 on
 # (pytorch/pytorch PR #150215), where the default stays.
 LISTEN_FD_ON_LIBUV: bool = torch_release() >= (2, 8)
+
+
+def set_group_timeout(timeout: datetime.timedelta, group: "dist.ProcessGroup") -> None:
+    """A process group's collective timeout. torch 2.14 made it public (``dist.set_timeout``) and
+    2.15 deprecates the private ``_set_pg_timeout`` that 2.6 to 2.13 have (a FutureWarning on every
+    call there): the public one where it exists."""
+    public = getattr(dist, "set_timeout", None)
+    if public is not None:
+        public(timeout, group)
+    else:
+        dist.distributed_c10d._set_pg_timeout(timeout, group)

@@ -36,6 +36,7 @@ from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey
 from harness.judge.checks import CaseResult
 from harness.run.truth_cache import TruthCache
+from harness.run.torch_compat import set_group_timeout
 
 
 class DeadRankError(RuntimeError):
@@ -210,7 +211,7 @@ class DistWorld:
             device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
             target = {axis: device_mesh.get_group(axis) for axis in spec.names}
             for group in target.values():
-                dist.distributed_c10d._set_pg_timeout(self._timeout, group)
+                set_group_timeout(self._timeout, group)
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, functools.partial(self._harness_twins, spec))
         return self._meshes[spec]
 
