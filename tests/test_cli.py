@@ -92,3 +92,14 @@ def test_help_lists_the_commands_and_the_exit_statuses_and_version_says_what_run
         assert f"  {status}  {meaning}" in shown.stdout
     version = run_cli(["--version"])
     assert version.returncode == 0 and version.stdout.startswith("clipcheck ") and "torch 2." in version.stdout
+
+
+def test_every_subcommand_has_help_and_compat_refuses_a_missing_file_in_one_line(capsys, tmp_path):
+    for command in ("run", "matrix", "fuzz", "catalogue"):
+        with pytest.raises(SystemExit) as ended:
+            main([command, "--help"])
+        assert ended.value.code == 0
+    assert main(["compat", "--help"]) == 0 and "clipcheck compat RESULTS.jsonl" in capsys.readouterr().out
+    assert main(["compat", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such results file" in err
