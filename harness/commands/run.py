@@ -150,7 +150,8 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
     cannot run (nccl without CUDA, fewer GPUs than ranks, more ranks than its cores take) is bad input
     here: a single run was asked for exactly that world (the matrix and the plugin skip it instead).
     Only this machine's own ranks count (``LOCAL_WORLD_SIZE``: a job may span nodes)."""
-    problem = world_problem(_local_world_size(world_size), backend) or timeout_problem(args.timeout)
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout  # None: not resolved yet
+    problem = world_problem(_local_world_size(world_size), backend) or timeout_problem(timeout)
     if problem:
         return problem
     if args.start_at < 0:
