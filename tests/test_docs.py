@@ -220,3 +220,32 @@ def test_links_between_pages_and_their_anchors_resolve():
 
 def test_no_top_level_framework_readmes_are_left():
     assert not list(ROOT.glob("README-*.md")), "framework notes live in docs/frameworks/"
+
+
+# -- what the reference pages cite --------------------------------------------------------------------
+
+def test_the_tests_robustness_md_cites_exist():
+    """docs/robustness.md names the test that holds each promise (``file.py::test``, ``::test`` for
+    another test of the file before it): each must exist in tests/."""
+    cited, missing, current = 0, [], None
+    text = (ROOT / "docs" / "robustness.md").read_text(encoding="utf-8")
+    for file, name in re.findall(r"`(test_\w+\.py)?(?:::(test_\w+))?`", text):
+        current = file or current
+        if file and not (ROOT / "tests" / file).exists():
+            missing.append(file)
+        if name:
+            cited += 1
+            if current is None or f"def {name}(" not in (ROOT / "tests" / current).read_text(encoding="utf-8"):
+                missing.append(f"{current}::{name}")
+    assert cited >= 15 and not missing, missing
+
+
+def test_cli_md_lists_every_command_and_exit_status():
+    from harness.commands.main import SUBCOMMANDS
+    from harness.judge.verdicts import EXIT_STATUSES
+
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert all(f"`clipcheck {command}" in text for command in SUBCOMMANDS)
+    table = text.split("## Exit statuses", 1)[1]
+    for status in EXIT_STATUSES:
+        assert re.search(rf"^\| \*\*{status}\b", table, re.M), f"exit status {status} is not in docs/cli.md"
