@@ -186,3 +186,16 @@ def test_clipcheck_run_applies_the_table_and_a_flag_overrides_it(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     dtypes = {json.loads(line).get("dtype") for line in (tmp_path / "r.jsonl").read_text().splitlines()}
     assert dtypes - {None} == {"bf16"}
+
+
+def test_harness_check_takes_the_tables_worlds_and_an_argument_wins(tmp_path, monkeypatch):
+    """Seen without starting a world: nccl on a machine without CUDA makes every world unrunnable, and
+    the one-line refusal names the worlds the call would have run."""
+    monkeypatch.setattr("harness.api.default_backend", lambda: "nccl")
+    monkeypatch.setattr("harness.run.devices.cuda_device_count", lambda: 0)
+    project(tmp_path, PROJECT.replace("worlds = [2, 4]", "worlds = [3, 5]"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClipcheckInputError, match=r"nothing to run; world 3 nccl: .*; world 5 nccl: "):
+        harness.check("reference")
+    with pytest.raises(ClipcheckInputError, match=r"nothing to run; world 6 nccl: [^;]*$"):
+        harness.check("reference", worlds=[6])
