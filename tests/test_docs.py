@@ -249,3 +249,11 @@ def test_cli_md_lists_every_command_and_exit_status():
     table = text.split("## Exit statuses", 1)[1]
     for status in EXIT_STATUSES:
         assert re.search(rf"^\| \*\*{status}\b", table, re.M), f"exit status {status} is not in docs/cli.md"
+
+
+def test_the_example_clip_is_the_one_the_docs_show():
+    """examples/my_clip.py (run over every control layout by tests/test_distributed.py) is the clip of
+    docs/writing-a-target.md, line for line after each one's first line."""
+    shown = next(b for b in BLOCKS if b.page == "docs/writing-a-target.md" and b.file == "my_clip.py")
+    example = (ROOT / "examples" / "my_clip.py").read_text(encoding="utf-8")
+    assert example.split("\n", 1)[1] == shown.text.split("\n", 1)[1]
