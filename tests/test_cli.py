@@ -101,3 +101,4 @@ def test_every_command_has_its_help_and_refuses_a_missing_file_in_one_line(comma
     if command == "compat":
         missing = run_cli(["compat", "no-such-results.jsonl"])
         assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
+

@@ -96,8 +96,8 @@ def default_backend() -> str:
 
 def process_group_backend(backend: str) -> str:
     """The backend string the default group is created with. On GPUs it is ``cpu:gloo,cuda:nccl``,
-    so a user's clip that all-reduces a CPU scalar (as the README example does) works next to CUDA
-    gradients, as in torch's own distributed tests."""
+    so a user's clip that all-reduces a CPU scalar (as docs/writing-a-target.md's example does) works
+    next to CUDA gradients, as in torch's own distributed tests."""
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
