@@ -213,3 +213,44 @@ def drops_later_stages(model, *, max_norm, norm_type=2.0):
         local = 0.0
     return torch.tensor(reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type),
                         dtype=torch.float64)
+
+
+# -- issue 29, the red team's escapes: faults the judge did not see ------------------------------------------
+def _norm_then(model, max_norm, norm_type, scale):
+    """The reference's norm (gradients restored), then the gradients scaled by ``scale(grad, coefficient)``."""
+    saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for grad, before in saved:
+        grad.copy_(before)
+    if math.isfinite(total):
+        coefficient = min(1.0, max_norm / (total + 1e-6))
+        if coefficient < 1.0:
+            for grad, _ in saved:
+                scale(grad, coefficient, total)
+    return total
+
+
+def overflows_in_the_gradient_dtype(model, *, max_norm, norm_type=2.0):
+    """contract: scales in two steps in the gradient dtype, g.mul_(max_norm).div_(total + eps): in fp16,
+    a loss-scaled gradient times the bound overflows to inf before the division (the norm is finite)."""
+    return _norm_then(model, max_norm, norm_type, lambda g, c, total: g.mul_(max_norm).div_(total + 1e-6))
+
+
+def poisons_a_finite_case(model, *, max_norm, norm_type=2.0):
+    """contract: reports the right norm, then fills every gradient with NaN although the norm is finite."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        local_tensor(p.grad).fill_(math.nan)
+    return total
+
+
+def scales_then_raises(model, *, max_norm, norm_type=2.0):
+    """nonfinite: torch's order with error_if_nonfinite: scales every gradient by the (NaN or zero) coefficient
+    first, then raises the documented non-finite error on every rank: the step's gradients are already gone."""
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))  # leaves a non-finite case alone
+    if not math.isfinite(total):
+        for _, p in trainable_with_grads(model):
+            local_tensor(p.grad).mul_(math.nan if math.isnan(total) else 0.0)  # torch's max_norm / (inf + eps)
+        raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients is non-finite, so it "
+                           "cannot be clipped")
+    return total

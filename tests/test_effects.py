@@ -46,4 +46,13 @@ def test_a_deleted_gradient_is_vanished_and_an_absent_one_is_ignored():
     post = grads(kept=[1.0], deleted=None, absent=[3.0])
     out = applied_coefficients(pre, post)
     assert out["vanished"] == ["deleted"] and set(out["scale"]) == {"kept"}
-    assert applied_coefficients(grads(x=[1.0]), grads(x=None)) == {"scale": {}, "vanished": ["x"]}
+    assert applied_coefficients(grads(x=[1.0]), grads(x=None)) == {"scale": {}, "vanished": ["x"],
+                                                                    "became_nonfinite": []}
+
+
+def test_a_gradient_finite_before_and_non_finite_after_is_named_and_one_non_finite_before_is_not():
+    inf, nan = float("inf"), float("nan")
+    pre = grads(overflowed=[60000.0, 1.0], poisoned=[0.0, 0.0], was_nan=[nan, 1.0], fine=[2.0, -1.0])
+    post = grads(overflowed=[inf, 0.5], poisoned=[nan, nan], was_nan=[nan, nan], fine=[1.0, -0.5])
+    out = applied_coefficients(pre, post)
+    assert out["became_nonfinite"] == ["overflowed", "poisoned"] and set(out["scale"]) == {"fine"}, out

@@ -288,6 +288,37 @@ def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     assert {"contract", "nonfinite"} <= failed(deleted) and "lost its gradient" in deleted.checks[1].detail
 
 
+def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract():
+    """Issue 29 red team E1: an fp16 overflow in ``g.mul_(max_norm)``, or a NaN fill, once passed: the
+    factor fit skips non-finite gradients and the non-finite check only runs when the truth is not finite."""
+    case = dense_case()
+    truth, scale = correct(case)
+    overflowed, _ = judge(case, [truth, truth], lambda r, n, g: scale(r, n, g) * math.inf if n == "a" else scale(r, n, g))
+    assert failed(overflowed) == {"contract"}
+    assert "a became non-finite (inf/NaN) in the clip" in overflowed.failed[0].detail, overflowed.failed[0].detail
+    poisoned, _ = judge(case, [truth, truth], lambda r, n, g: g.fill_(math.nan))
+    assert "contract" in failed(poisoned) and "(2 params) became non-finite" in poisoned.failed[0].detail
+    # with a non-finite truth a NaN gradient is a policy (poison), not a contract fault
+    nan_case = dense_case(nonfinite=[("a", 0, "nan")])
+    poison, _ = judge(nan_case, [math.nan, math.nan], lambda r, n, g: g * math.nan)
+    assert poison.verdict == "PASS", [(c.name, c.detail) for c in poison.failed]
+
+
+def test_a_documented_raise_after_touching_the_gradients_fails_the_nonfinite_check():
+    """Issue 29 red team E2: scaling (or poisoning) the gradients first and raising a documented non-finite
+    error afterwards left the step's gradients destroyed; a raise passes only if every holder left them."""
+    case = partial_case()
+    words = ("RuntimeError: The total norm of order 2.0 for gradients is non-finite, so it cannot be clipped",) * 3
+    left, _ = judge(case, [None] * 3, lambda r, n, g: g, errors=words)
+    assert left.verdict == "PASS"
+    scaled_first, _ = judge(case, [None] * 3, lambda r, n, g: g * 0.5, errors=words)
+    assert failed(scaled_first) == {"nonfinite"}
+    detail = scaled_first.failed[0].detail
+    assert "changed their gradients before raising" in detail and "ranks [0, 1]" in detail, detail
+    one_rank_touched, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan if r == 1 else g, errors=words)
+    assert failed(one_rank_touched) == {"nonfinite"} and "ranks [1]" in one_rank_touched.failed[0].detail
+
+
 def test_a_mangled_gradient_is_a_contract_failure_not_a_crash():
     case = dense_case()
     truth, scale = correct(case)

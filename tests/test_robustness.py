@@ -230,3 +230,28 @@ def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
     assert described[0] == ("rank 0 exited with code 1 (DeadRankError: rank(s) [1] did not report for startup "
                             "within 120 s: they hung or died)")
     assert described.get(1, "rank 1 was killed by SIGTERM") == "rank 1 was killed by SIGTERM"
+
+
+CORRECT = "tests/correct_targets.py"
+RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where it once passed
+    "overflows_in_the_gradient_dtype": ("dense_edges", "loss-scaled", "fp16"),
+    "poisons_a_finite_case": ("dense_dp", "fsdp dtensor", "fp32"),
+    "scales_then_raises": ("dense_dp", "fsdp n", "fp32"),  # the NaN and inf layouts
+}
+CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:poison_on_nonfinite",
+                    f"{CORRECT}:skip_step_on_nonfinite", f"{CORRECT}:gathered_sum_leave_nonfinite",
+                    f"{CORRECT}:grad_dtype_accumulation", f"{CORRECT}:foreach_kernels"]
+
+
+@pytest.mark.parametrize("name", sorted(RED_TEAM))
+def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently_pass(tmp_path, name):
+    scenario, variant, dtype = RED_TEAM[name]
+    run = run_clipcheck(2, ["--scenario", scenario, "--variant", variant, "--dtype", dtype, "--norm-type", "2",
+                            "--clip-ratio", "0.5", "--target", ",".join([f"{BROKEN}:{name}", *CORRECT_POLICIES])],
+                        tmp_path, timeout=240)
+    faulty = run.cases(target=f"{BROKEN}:{name}")
+    assert faulty and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in faulty), \
+        [(c["layout"], c["checks"]) for c in faulty]
+    passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
+    assert passing and all(c["verdict"] == "PASS" for c in passing), \
+        [(c["target"], c["layout"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]

@@ -231,7 +231,9 @@ def judge_raised(j: Judgement) -> Outcome:
 
 def judge_contract(j: Judgement) -> Outcome:
     """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
-    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype."""
+    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype,
+    and, when the true norm is finite, gradients the clip itself made non-finite (an overflow in the
+    gradient dtype, a NaN fill: every one of them was finite before the call)."""
     problems = []
     for r, rec in enumerate(j.records):
         if rec["error"] is not None:
@@ -243,6 +245,10 @@ def judge_contract(j: Judgement) -> Outcome:
             problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
         for name in local["vanished"]:
             problems.append(f"rank {r}: {name} lost its gradient (set to None)")
+        if j.finite_truth and local["became_nonfinite"]:
+            names = local["became_nonfinite"]
+            problems.append(f"rank {r}: {_names(names)} became non-finite (inf/NaN) in the clip, though every "
+                            "gradient was finite before it and the true norm is finite")
     more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
     return not problems, "; ".join(problems[:4]) + more
 
@@ -369,7 +375,8 @@ def _outcome(j: Judgement, r: int) -> str:
 def judge_nonfinite(j: Judgement) -> Outcome:
     """With a non-finite gradient every rank must take the same deliberate action: report a
     non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
-    gradients, or raise a documented non-finite error on every rank."""
+    gradients, or raise a documented non-finite error on every rank, before touching any gradient
+    (``leave`` on every holder: a clip that scales, then raises, has already changed the step)."""
     if j.finite_truth:
         return None
     outcomes = [_outcome(j, r) for r in range(len(j.records))]
@@ -377,7 +384,14 @@ def judge_nonfinite(j: Judgement) -> Outcome:
     holders = [set(p) for p in policies if p is not None]
     shared = set.intersection(*holders) if holders else {"any"}
     if all(o == "raised-nonfinite" for o in outcomes) and not j.collateral:
-        return True, ""
+        # a raise is the answer only if it came before any scaling: every holder left its gradients as they were
+        touched = [r for r, p in enumerate(policies) if p is not None and "leave" not in p]
+        if not touched:
+            return True, ""
+        return False, (f"every rank raised a non-finite error, but ranks {touched} changed their gradients before "
+                       "raising (a raise must leave them untouched): per rank " + ", ".join(
+                           f"{r}: {'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
+                           for r, p in enumerate(policies)))
     ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
     detail = "" if ok else "per rank: " + ", ".join(
         f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
@@ -388,7 +402,7 @@ def judge_nonfinite(j: Judgement) -> Outcome:
 CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("truth", judge_truth, reads=("stale_truth", "undelivered")),
     CheckSpec("raised", judge_raised),
-    CheckSpec("contract", judge_contract, reads=("mangled", "vanished")),
+    CheckSpec("contract", judge_contract, reads=("mangled", "vanished", "became_nonfinite")),
     CheckSpec("params", judge_params, reads=("params_changed",)),
     CheckSpec("created", judge_created, reads=("created",)),
     CheckSpec("late", judge_late, reads=("late",)),

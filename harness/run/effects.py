@@ -113,10 +113,12 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
 def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
-    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...]}``;
+    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...], "became_nonfinite": [...]}``;
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
-    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor.
+    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor; those
+    finite before the call and non-finite after it are named in ``became_nonfinite`` (the clip itself
+    overflowed or poisoned them: wrong whenever the true norm is finite, ``checks.judge_contract``).
 
     Why one flat vector: the two sums every factor needs run over all parameters at once, segment
     by segment (per-parameter ops on small gradients cost more in dispatch than in arithmetic); a
@@ -126,7 +128,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
-        return {"scale": {}, "vanished": vanished}
+        return {"scale": {}, "vanished": vanished, "became_nonfinite": []}
     flat_pre = [_flat64(pre[n]) for n in names]
     flat_post = [_flat64(post[n]) for n in names]
     lengths = [t.numel() for t in flat_pre]
@@ -137,18 +139,23 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
 
     denoms, dots = total(a * a), total(a * b)
     scale: dict[str, list[float]] = {}
+    became_nonfinite: list[str] = []
     for name, a_j, b_j, denom, dot in zip(names, flat_pre, flat_post, denoms, dots):
         # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf
         # is NaN); finite sums prove finite values, and only non-finite sums (rare) are checked one by one
         sums_finite = math.isfinite(denom) and math.isfinite(dot)
-        if not sums_finite and not (bool(torch.isfinite(a_j).all()) and bool(torch.isfinite(b_j).all())):
-            continue
+        if not sums_finite:
+            finite_before = bool(torch.isfinite(a_j).all())
+            if not (finite_before and bool(torch.isfinite(b_j).all())):
+                if finite_before:
+                    became_nonfinite.append(name)
+                continue
         if denom == 0.0:
             continue
         c = dot / denom
         top = float(a_j.abs().max()) * max(abs(c), 1e-300)
         scale[name] = [c, float((b_j - c * a_j).abs().max()) / top, a_j.numel()]
-    return {"scale": scale, "vanished": vanished}
+    return {"scale": scale, "vanished": vanished, "became_nonfinite": became_nonfinite}
 
 
 def _flat64(t: torch.Tensor | None) -> torch.Tensor:
