@@ -293,7 +293,8 @@ def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract
     factor fit skips non-finite gradients and the non-finite check only runs when the truth is not finite."""
     case = dense_case()
     truth, scale = correct(case)
-    overflowed, _ = judge(case, [truth, truth], lambda r, n, g: scale(r, n, g) * math.inf if n == "a" else scale(r, n, g))
+    overflowed, _ = judge(case, [truth, truth],
+                          lambda r, n, g: scale(r, n, g) * math.inf if n == "a" else scale(r, n, g))
     assert failed(overflowed) == {"contract"}
     assert "a became non-finite (inf/NaN) in the clip" in overflowed.failed[0].detail, overflowed.failed[0].detail
     poisoned, _ = judge(case, [truth, truth], lambda r, n, g: g.fill_(math.nan))
