@@ -6,6 +6,11 @@ on dim 0 over ``dp``), laid out or scaled where a clip that is right in the comm
 * ``dtensor weights, plain replicated biases``: DTensor weights and plain, replicated biases at once,
   as a TP plan that leaves some modules unplanned does (transformers' ``tp_plan``, accelerate's TP
   path): a clip that takes only the DTensor group when any gradient is a DTensor misses the biases;
+* ``plain sharded weights, replicated dtensor biases``: the other way round: FSDP-sharded plain weights
+  (a framework's own sharding, DeepSpeed-style) beside Replicate DTensor biases: a clip that assumes a
+  plain gradient is DP-replicated whenever a DTensor is about counts the weights once instead of
+  summing their shards, and one that "unwraps" a Replicate DTensor gradient into a plain tensor of the
+  same shape changes the gradient's kind (an optimizer built for the DTensors refuses the mix);
 * ``loss-scaled x64``: the gradients of a loss-scaled fp16 run: every per-tensor norm and the total
   stay well inside fp16 (65504) while their squares overflow it, so a clip that accumulates squares
   in fp16 reports inf;
@@ -44,8 +49,12 @@ class DenseEdges(Scenario):
         fsdp: dict[str, Any] = {MeshAxis.DP: Shard(0)}
         biases = frozenset(f"layers.{i}.bias" for i in range(LAYERS))
         out = []
-        for label, scale, mixed in (("dtensor weights, plain replicated biases", 1.0, True),
-                                    ("loss-scaled x64", LOSS_SCALE, False), ("tiny x2^-14", TINY_SCALE, False)):
+        weights = frozenset(f"layers.{i}.weight" for i in range(LAYERS))
+        # (label, gradient scale, DTensor parameters, the plain ones among them)
+        for label, scale, mixed, plain in (
+                ("dtensor weights, plain replicated biases", 1.0, True, biases),
+                ("plain sharded weights, replicated dtensor biases", 1.0, True, weights),
+                ("loss-scaled x64", LOSS_SCALE, False, frozenset()), ("tiny x2^-14", TINY_SCALE, False, frozenset())):
             specs = []
             for i in range(LAYERS):
                 specs.append(param(f"layers.{i}.weight", (width, width), **fsdp))
@@ -58,7 +67,7 @@ class DenseEdges(Scenario):
                 declared=declared_from_layout(layout),
                 invariance_key=f"dense-{width}-x{scale:g}",
                 dtensor=mixed,
-                plain=biases if mixed else frozenset(),
+                plain=plain,
             ))
         return out
 

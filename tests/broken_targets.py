@@ -254,3 +254,62 @@ def scales_then_raises(model, *, max_norm, norm_type=2.0):
         raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients is non-finite, so it "
                            "cannot be clipped")
     return total
+
+
+def unwraps_dtensor_grads(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then replaces each Replicate DTensor gradient by its local tensor, a plain one of
+    the same shape ('it needs no communication'): the values are right, but an optimizer built for DTensors
+    refuses the mix."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if hasattr(p.grad, "to_local") and all(pl.is_replicate() for pl in p.grad.placements):
+            p.grad = p.grad.to_local()
+    return total
+
+
+def wraps_plain_grads_as_dtensors(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then wraps each plain gradient as a Replicate DTensor on the case's mesh (the
+    'replicate the unplanned modules' fix), sharing its storage: same values, another kind of gradient."""
+    import harness
+    from torch.distributed.tensor import DTensor, Replicate
+
+    ctx = harness.context(model)
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if not isinstance(p.grad, DTensor):
+            p.grad = DTensor.from_local(p.grad, ctx.mesh, [Replicate()] * ctx.mesh.ndim, run_check=False)
+    return total
+
+
+def scales_into_a_new_tensor(model, *, max_norm, norm_type=2.0):
+    """contract: p.grad = p.grad * coefficient: the right values in a new tensor, not in place, so whatever
+    aliased the old gradient (a bucket, main_grad, an optimizer's view) keeps the unscaled one."""
+    saved = {n: local_tensor(p.grad).clone() for n, p in trainable_with_grads(model)}
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for n, p in trainable_with_grads(model):
+        scaled = local_tensor(p.grad).clone()
+        local_tensor(p.grad).copy_(saved[n])
+        if hasattr(p.grad, "to_local"):
+            from torch.distributed.tensor import DTensor
+
+            p.grad = DTensor.from_local(scaled, p.grad.device_mesh, p.grad.placements, run_check=False,
+                                        shape=p.grad.shape, stride=p.grad.stride())
+        else:
+            p.grad = scaled
+    return total
+
+
+def sparse_gradients(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then replaces each plain gradient by its sparse COO version (same shape, dtype
+    and device): the harness's own reads once crashed on it, every case."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if not hasattr(p.grad, "to_local"):
+            p.grad = p.grad.to_sparse()
+    return total
+
+
+def returns_a_huge_int(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, returns the int 10**400 (float() raises OverflowError, not TypeError)."""
+    reference(model, max_norm=max_norm, norm_type=norm_type)
+    return 10**400

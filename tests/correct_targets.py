@@ -302,3 +302,21 @@ def foreach_kernels(model, *, max_norm, norm_type=2.0):
     for group in by_dtype.values():
         torch._foreach_mul_([g for _, g in group], coefficient)
     return torch.tensor(norm, dtype=torch.float64)
+
+
+# -- issue 29's red team: correct clips the judge once failed ------------------------------------------------
+_BUILT_AT_INIT: list[dist.ProcessGroup] = []
+
+
+def group_built_once(model, *, max_norm, norm_type=2.0):
+    """Framework style: its reduction group is created once, on its first call ('at init', as Megatron's
+    parallel_state and DeepSpeed's groups are), and used for the life of the process; raise policy for a
+    non-finite norm (every rank, after the reduction, gradients untouched). A harness that rebuilds the
+    world after a documented raise kills the group under it."""
+    if not _BUILT_AT_INIT:
+        _BUILT_AT_INIT.append(dist.new_group(list(range(dist.get_world_size()))))
+    norm = _all_reduce_norm(*_weighted_partial(model, norm_type), norm_type, group=_BUILT_AT_INIT[0])
+    if not math.isfinite(norm):
+        raise RuntimeError("The total norm of gradients is non-finite, so it cannot be clipped")
+    _clip_if_finite(model, max_norm, norm)
+    return norm

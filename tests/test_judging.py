@@ -279,6 +279,27 @@ def test_only_a_documented_nonfinite_raise_passes_a_nonfinite_case():
     assert "raised" in failed(partial)
 
 
+@pytest.mark.parametrize("message", [
+    "RuntimeError: gradient norm is not finite; skipping step",
+    "FloatingPointError: NaNs/Infs detected in the gradients; refusing to clip",
+    "RuntimeError: global norm is non finite",
+    "ValueError: found nan in the gradients",
+    "RuntimeError: Infs in the gradient norm",
+])
+def test_a_raise_in_other_words_for_non_finite_passes(message):
+    """Issue 29 red team F1: 'not finite', 'NaNs/Infs', 'non finite' were read as crashes."""
+    documented, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g, errors=(message + " (at clip.py:3)",) * 3)
+    assert documented.verdict == "PASS", [(c.name, c.detail) for c in documented.failed]
+
+
+def test_a_rejected_raise_says_why():
+    """Issue 29 red team M6: a raise rejected for its message says so."""
+    arbitrary, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g,
+                         errors=("ValueError: broken on purpose (at x.py:3)",) * 3)
+    detail = next(c.detail for c in arbitrary.failed if c.name == "raised")
+    assert "does not say non-finite" in detail and "rank(s) [0, 1, 2]" in detail, detail
+
+
 def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     case = partial_case()
     none_returned, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan,

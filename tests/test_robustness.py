@@ -237,6 +237,11 @@ RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where i
     "overflows_in_the_gradient_dtype": ("dense_edges", "loss-scaled", "fp16"),
     "poisons_a_finite_case": ("dense_dp", "fsdp dtensor", "fp32"),
     "scales_then_raises": ("dense_dp", "fsdp n", "fp32"),  # the NaN and inf layouts
+    "unwraps_dtensor_grads": ("dense_edges", "replicated dtensor", "fp32"),
+    "wraps_plain_grads_as_dtensors": ("dense_edges", "replicated dtensor", "fp32"),
+    "scales_into_a_new_tensor": ("dense_dp", "fsdp dtensor", "fp32"),
+    "sparse_gradients": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
+    "returns_a_huge_int": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
 }
 CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:poison_on_nonfinite",
                     f"{CORRECT}:skip_step_on_nonfinite", f"{CORRECT}:gathered_sum_leave_nonfinite",
@@ -255,3 +260,17 @@ def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently
     passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
     assert passing and all(c["verdict"] == "PASS" for c in passing), \
         [(c["target"], c["layout"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]
+
+
+def test_a_raise_on_every_rank_keeps_the_groups_a_target_built_once(tmp_path):
+    """Issue 29 red team F2: after any case in which a rank raised (a documented non-finite raise included),
+    every group was destroyed and rebuilt, so a clip that builds its group once, at init, as Megatron and
+    DeepSpeed do, failed every later case. A raise on every rank leaves nobody waiting: nothing is rebuilt."""
+    once = f"{CORRECT}:group_built_once"
+    run = run_clipcheck(2, [*ONE_CASE, "--variant", "fsdp", "--target",
+                            f"{BROKEN}:raise_everywhere,{once},{CORRECT}:raise_on_nonfinite,{once}"],
+                        tmp_path, timeout=240)
+    assert all(c["verdict"] == "FAIL" for c in run.cases(target=f"{BROKEN}:raise_everywhere")), run.stdout
+    cases = run.cases(target=once)
+    assert len(cases) == 2 * FSDP_LAYOUTS and all(c["verdict"] == "PASS" for c in cases), \
+        [(c["layout"], failed_checks(c)) for c in cases if c["verdict"] != "PASS"]

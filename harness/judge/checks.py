@@ -95,6 +95,11 @@ def _collateral(error: str) -> bool:
     return any(marker in error for marker in _COLLATERAL)
 
 
+def is_collateral(error: str) -> bool:
+    """The error is a consequence of another rank's failure (a connection closed under it, a timeout)."""
+    return _collateral(error)
+
+
 def describe_errors(errors: Sequence[str | None]) -> str:
     """The root causes first (ranks with the same message together), then who failed in consequence
     (a peer's connection closing under it, or a timeout waiting for one)."""
@@ -112,11 +117,12 @@ def describe_errors(errors: Sequence[str | None]) -> str:
 
 
 
-NONFINITE_ERROR = re.compile(r"non-?finite|\bnan\b|\binf(inite|inity)?\b|overflow", re.IGNORECASE)
+NONFINITE_ERROR = re.compile(r"non[- ]?finite|not finite|\bnans?\b|\binf(s|inite|inity)?\b|overflow", re.IGNORECASE)
 """What makes an exception a *deliberate* answer to a non-finite gradient: its message says so, as
 torch's ``clip_grad_norm_(error_if_nonfinite=True)`` ("... is non-finite, so it cannot be clipped")
-and DeepSpeed's overflow checks do. Raising on every rank with such a message passes a non-finite
-case; any other exception, or a harness-detected fault, never does."""
+and DeepSpeed's overflow checks do ("not finite", "NaNs/Infs detected", "non finite" too). Raising
+on every rank with such a message passes a non-finite case; any other exception, or a
+harness-detected fault, never does."""
 
 
 def _message(error: str) -> str:
@@ -176,9 +182,21 @@ class Judgement:
 
     def documented_nonfinite_raise(self) -> bool:
         """Every rank raised, each with a message that names the non-finite gradient."""
-        errors = self.errors
-        return (not self.finite_truth and len(self.raised) == len(self.records) and not self.collateral
-                and all(NONFINITE_ERROR.search(_message(e or "")) for e in errors))
+        return self.undocumented_because() is None
+
+    def undocumented_because(self) -> str | None:
+        """Why the raises are not a documented answer to a non-finite gradient, or None when they are."""
+        if self.finite_truth:
+            return "the true norm is finite: there was nothing to refuse"
+        if len(self.raised) != len(self.records):
+            return f"only ranks {self.raised} raised: a documented raise comes from every rank"
+        if self.collateral:
+            return f"ranks {sorted(self.collateral)} failed in consequence of another rank's error"
+        silent = [r for r, e in enumerate(self.errors) if not NONFINITE_ERROR.search(_message(e or ""))]
+        if silent:
+            return (f"the message of rank(s) {silent} does not say non-finite (nan, inf, not finite, overflow), so "
+                    "the raise reads as a crash, not a deliberate refusal")
+        return None
 
 
 Outcome = tuple[bool, str] | None
@@ -226,14 +244,17 @@ def judge_raised(j: Judgement) -> Outcome:
     to a non-finite gradient, nothing else.)"""
     if not j.raised:
         return None
-    return j.documented_nonfinite_raise(), describe_errors(j.errors)
+    why = j.undocumented_because()
+    shown = why is not None and not j.finite_truth  # in a finite case a raise is simply a raise
+    return why is None, describe_errors(j.errors) + (f" (not accepted as a non-finite refusal: {why})" if shown else "")
 
 
 def judge_contract(j: Judgement) -> Outcome:
     """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
-    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype,
-    and, when the true norm is finite, gradients the clip itself made non-finite (an overflow in the
-    gradient dtype, a NaN fill: every one of them was finite before the call)."""
+    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype
+    or wrapper (plain <-> DTensor), or replaced at all rather than scaled in place, and, when the true
+    norm is finite, gradients the clip itself made non-finite (an overflow in the gradient dtype, a NaN
+    fill: every one of them was finite before the call)."""
     problems = []
     for r, rec in enumerate(j.records):
         if rec["error"] is not None:
@@ -245,6 +266,9 @@ def judge_contract(j: Judgement) -> Outcome:
             problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
         for name in local["vanished"]:
             problems.append(f"rank {r}: {name} lost its gradient (set to None)")
+        if local["replaced"]:
+            problems.append(f"rank {r}: {_names(local['replaced'])} gradient replaced, not scaled in place "
+                            "(a new tensor: whatever aliased the old one keeps the unscaled values)")
         if j.finite_truth and local["became_nonfinite"]:
             names = local["became_nonfinite"]
             problems.append(f"rank {r}: {_names(names)} became non-finite (inf/NaN) in the clip, though every "
@@ -402,7 +426,7 @@ def judge_nonfinite(j: Judgement) -> Outcome:
 CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("truth", judge_truth, reads=("stale_truth", "undelivered")),
     CheckSpec("raised", judge_raised),
-    CheckSpec("contract", judge_contract, reads=("mangled", "vanished", "became_nonfinite")),
+    CheckSpec("contract", judge_contract, reads=("mangled", "vanished", "became_nonfinite", "replaced")),
     CheckSpec("params", judge_params, reads=("params_changed",)),
     CheckSpec("created", judge_created, reads=("created",)),
     CheckSpec("late", judge_late, reads=("late",)),

@@ -30,7 +30,9 @@ POLICIES = ("leave", "zero", "poison")
 
 
 def mangled_reason(before: torch.Tensor, after: torch.Tensor) -> str | None:
-    """Why ``after`` cannot be the same gradient as ``before`` (shape, dtype, device), or None."""
+    """Why ``after`` cannot be the same gradient as ``before`` (layout, shape, dtype, device), or None."""
+    if after.layout != before.layout:  # a sparse gradient: the harness's own reads would crash on it
+        return f"layout {str(before.layout).replace('torch.', '')} -> {str(after.layout).replace('torch.', '')}"
     if tuple(after.shape) != tuple(before.shape):
         return f"shape {tuple(before.shape)} -> {tuple(after.shape)}"
     if after.dtype != before.dtype:
@@ -171,15 +173,18 @@ def rank_effects(
     nonfinite: bool,
     state_before: ModelState | None = None,
     state_after: ModelState | None = None,
+    in_place: bool = True,
 ) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
     """Everything this rank measured about the call, as the judge's checks read it (their ``reads``).
 
     Returns the sanitized post-call gradients (for the replication round) and the rank's ``local``
-    record: ``scale`` and ``vanished`` (applied coefficients), ``mangled`` (with DTensor gradients whose
-    wrapper changed), ``created`` (gradients where there were none: a frozen parameter, an expert that
-    got no tokens), ``params_changed`` (values, and ``requires_grad`` flags) and, in a case with a
-    non-finite gradient, ``policies``. One function, so the runner and the judge's unit tests build the
-    same record.
+    record: ``scale``, ``vanished`` and ``became_nonfinite`` (applied coefficients), ``mangled`` (with
+    gradients whose wrapper changed: plain <-> DTensor, or the DTensor's metadata), ``replaced``
+    (gradients now in other storage, not scaled in place; left empty for a target whose framework
+    legitimately writes new gradient tensors: ``Target.in_place``), ``created`` (gradients where there
+    were none: a frozen parameter, an expert that got no tokens), ``params_changed`` (values, and
+    ``requires_grad`` flags) and, in a case with a non-finite gradient, ``policies``. One function, so
+    the runner and the judge's unit tests build the same record.
     """
     post, mangled = sanitize(pre, after)
     if state_before is not None and state_after is not None:
@@ -191,6 +196,8 @@ def rank_effects(
     local = applied_coefficients(pre, post)
     local["vanished"] = [n for n in local["vanished"] if n not in mangled]
     local["mangled"] = mangled
+    local["replaced"] = ([n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
+                         if in_place and state_before is not None and state_after is not None else [])
     local["created"] = [n for n, before in pre.items() if before is None and after.get(n) is not None]
     changed = changed_params(params_before, params_after)
     flags = state_before.flag_changes(state_after) if state_before is not None and state_after is not None else {}

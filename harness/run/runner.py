@@ -13,7 +13,8 @@ Every rank executes the same collectives in the same order whatever the function
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
    (``dress``) gets the same guard around it, before the gradients are injected;
 4. check what the harness can see at once: the return type, the default process group;
-5. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
+5. agree through the store whether any rank failed; if ranks disagree or one abandoned its groups (a
+   raise while a peer was still inside the call), every rank builds a fresh generation;
    if a rank hung, ``WorldBroken`` ends the run (the world cannot run another case);
 6. measure what the target did (``effects``; its flags and gradient wrappers, and what changes late,
    after the threads it started have finished: ``aftermath``) and whether true replicas are still identical
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
+from harness.judge.checks import CaseResult, evaluate, is_collateral, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.devices import settle
@@ -92,21 +93,28 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
         try:
             value = fn()
             settle(world.device)
-            return value, None, time.perf_counter() - start
         except Exception as exc:  # the code under test may raise anything
-            world.abandon()
-            return None, describe_exception(exc), time.perf_counter() - start
+            error = describe_exception(exc)
+            world.left_call(raised=True)  # abandons the groups unless every rank has left the call
+            return None, error, time.perf_counter() - start
+    world.left_call(raised=False)
+    return value, None, time.perf_counter() - start
 
 
 def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank learns every rank's status (through the store). A hung rank ends the run; any error
-    or broken default group means a fresh generation of groups on every rank."""
-    statuses = world.allgather_json(topic, status, world.exchange_deadline_s)
+    """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
+    abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
+    raise that a broken connection caused mean a fresh generation of groups on every rank. A raise on
+    every rank, nobody abandoned, keeps the groups: a target that built its own (once, as Megatron and
+    DeepSpeed do) still has them at its next call."""
+    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned), world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
     if hung:  # those that raised meanwhile are named too: often what left the others waiting
         raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
         raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
-    if any(s["error"] is not None or s.get("broken") for s in statuses):
+    failed = [s["error"] is not None for s in statuses]
+    if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
+            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
         world.regenerate()
     return statuses
 
@@ -173,7 +181,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     if error is None:
         try:
             reported = reported_value(value)
-        except TypeError as exc:  # reported at the user's function, not at the harness line that read it
+        except (TypeError, ValueError, OverflowError) as exc:  # reported at the user's function, not the harness line
             fault = f"{exc} (returned by {where_defined(target.fn)})"
     if not dist.is_initialized() or dist.group.WORLD is not default_group:
         fault, broken = "the clip function destroyed or replaced the default process group", True
@@ -185,7 +193,8 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     post, local = rank_effects(pre, local_grads(model, names), params_before,
                                {n: local_tensor(p) for n, p in model.named_parameters()},
-                               bool(variant.injection.nonfinite), state_before, ModelState.of(model))
+                               bool(variant.injection.nonfinite), state_before, ModelState.of(model),
+                               in_place=target.in_place)
     baseline = fingerprint(model, names)
     late, running = settled_changes(threads_before, model, names, baseline)
     local["late"] = late

@@ -138,6 +138,10 @@ class Target:
       they arrived). None where the framework does nothing to gradients on the way to the clip.
     * ``findings``: what its known failures are (``Finding``), for the reports and the compatibility
       table.
+    * ``in_place``: whether its clip must scale each gradient in the storage it found it in (every clip,
+      so the default); False only for a framework whose own clip legitimately writes new gradient tensors
+      (ColossalAI's ZeRO: its clipped master partitions are gathered back into a fresh ``.grad``), whose
+      replaced gradients are then not a contract fault.
     * ``refuses``: ``refuses(variant) -> reason | None``, for layouts the framework itself rejects
       before any clip runs (torchtitan raises on weight tying under PP, say): such cases are dropped
       and counted with the reason, since judging a clip the framework never lets run says nothing.
@@ -156,6 +160,7 @@ class Target:
     backward: Callable[..., None] | None = None
     refuses: Callable[[Any], str | None] | None = None
     findings: tuple[Finding, ...] = ()
+    in_place: bool = True
 
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()
@@ -287,6 +292,12 @@ def reported_value(value: Any) -> float:
         if value.numel() != 1:
             raise TypeError(f"the clip function returned a tensor of shape {tuple(value.shape)}, expected one value")
         return float(value.detach().reshape(()).to(torch.float64).cpu())
-    if isinstance(value, (int, float)):
+    if isinstance(value, float):
         return float(value)
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range (10**400): a wrong return, not a harness crash
+            raise TypeError(f"the clip function returned an int of {value.bit_length()} bits, too large for a "
+                            "float") from None
     raise TypeError(f"the clip function returned {type(value).__name__}, expected a number or a tensor")
