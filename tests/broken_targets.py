@@ -313,3 +313,13 @@ def returns_a_huge_int(model, *, max_norm, norm_type=2.0):
     """contract: clips right, returns the int 10**400 (float() raises OverflowError, not TypeError)."""
     reference(model, max_norm=max_norm, norm_type=norm_type)
     return 10**400
+
+
+def zero_grads_for_frozen_params(model, *, max_norm, norm_type=2.0):
+    """created: clips right, then materializes zero gradients for the FROZEN parameters (requires_grad
+    False) only, so a fused optimizer sees one flat list: weight decay and moments now move them."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        if not p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return total

@@ -81,6 +81,10 @@ class ModelState:
                 changes[n] = f"its DTensor wrapper says {now}, was {meta}"
         return changes
 
+    def created(self, after: "ModelState") -> list[str]:
+        """Parameters, trainable or frozen, without a gradient before the call and with one after it."""
+        return [n for n in after.wrappers if n not in self.wrappers]
+
     def replaced(self, after: "ModelState") -> list[str]:
         """Gradients present before and after whose local tensor now lives in other storage."""
         return [n for n, ptr in self.storage.items() if n in after.storage and after.storage[n] != ptr]
@@ -106,11 +110,12 @@ def wrapper_text(grad: torch.Tensor) -> str:
 
 
 def fingerprint(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
-    """Digests of the model as the clip left it: each trainable gradient's local bytes, each
-    parameter's local bytes, flags and gradient wrappers."""
+    """Digests of the model as the clip left it: each gradient's local bytes (``names`` first, then
+    every other parameter's, a frozen one's included: its gradient must stay None), each parameter's
+    local bytes, flags and gradient wrappers."""
     params = dict(model.named_parameters())
     out: dict[str, str] = {}
-    for name in names:
+    for name in [*names, *(n for n in params if n not in set(names))]:
         grad = params[name].grad if name in params else None
         out[f"gradient {name}"] = "none" if grad is None else _digest(local_tensor(grad))
     for name, p in params.items():

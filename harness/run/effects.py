@@ -199,6 +199,8 @@ def rank_effects(
     local["replaced"] = ([n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
                          if in_place and state_before is not None and state_after is not None else [])
     local["created"] = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    if state_before is not None and state_after is not None:  # frozen parameters too: not in ``pre``
+        local["created"] += [n for n in state_before.created(state_after) if n not in local["created"]]
     changed = changed_params(params_before, params_after)
     flags = state_before.flag_changes(state_after) if state_before is not None and state_after is not None else {}
     local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
