@@ -323,3 +323,16 @@ def zero_grads_for_frozen_params(model, *, max_norm, norm_type=2.0):
         if not p.requires_grad and p.grad is None:
             p.grad = torch.zeros_like(p)
     return total
+
+
+def rescales_five_seconds_later(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, and a callback it registers scales the gradients once more 5 s later (an
+    end-of-step hook on a slow worker): right when it returns, scaled by the coefficient squared after."""
+    import threading
+
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    if math.isfinite(total) and max_norm / (total + 1e-6) < 1.0:
+        grads = [local_tensor(p.grad) for _, p in trainable_with_grads(model)]
+        coefficient = max_norm / (total + 1e-6)
+        threading.Timer(5.0, lambda: [g.mul_(coefficient) for g in grads]).start()
+    return total

@@ -241,6 +241,7 @@ RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where i
     "wraps_plain_grads_as_dtensors": ("dense_edges", "replicated dtensor", "fp32"),
     "scales_into_a_new_tensor": ("dense_dp", "fsdp dtensor", "fp32"),
     "zero_grads_for_frozen_params": ("xorl_ep_lora", "ep=2", "fp32"),  # frozen base experts, LoRA trainable
+    "rescales_five_seconds_later": ("dense_dp", "fsdp dtensor", "fp32"),  # a thread still alive after the case
     "sparse_gradients": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
     "returns_a_huge_int": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
 }
