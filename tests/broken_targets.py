@@ -336,3 +336,31 @@ def rescales_five_seconds_later(model, *, max_norm, norm_type=2.0):
         coefficient = max_norm / (total + 1e-6)
         threading.Timer(5.0, lambda: [g.mul_(coefficient) for g in grads]).start()
     return total
+
+
+def leaves_grad_mode_off(model, *, max_norm, norm_type=2.0):
+    """contract: torch.set_grad_enabled(False) as a statement instead of ``with torch.no_grad()``, never
+    restored: the next forward builds no graph (and the next target of these ranks runs without one)."""
+    torch.set_grad_enabled(False)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def leaves_default_dtype_fp64(model, *, max_norm, norm_type=2.0):
+    """contract: torch.set_default_dtype(torch.float64) 'for exact accumulation', never restored: every
+    tensor the training creates afterwards is float64, and a later target's float32 slip is hidden."""
+    torch.set_default_dtype(torch.float64)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def coefficient_in_default_dtype(model, *, max_norm, norm_type=2.0):
+    """coefficient: the coefficient computed as a default-dtype tensor, torch.tensor(max_norm) / (total + eps):
+    float32, so fp64 gradients are scaled by a coefficient rounded to float32 (exact only if the default
+    dtype is float64)."""
+    saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    coefficient = torch.tensor(max_norm) / (total + 1e-6)
+    for grad, before in saved:
+        grad.copy_(before)
+        if math.isfinite(total) and float(coefficient) < 1.0:
+            grad.mul_(coefficient.to(grad.device))
+    return total

@@ -242,6 +242,8 @@ RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where i
     "scales_into_a_new_tensor": ("dense_dp", "fsdp dtensor", "fp32"),
     "zero_grads_for_frozen_params": ("xorl_ep_lora", "ep=2", "fp32"),  # frozen base experts, LoRA trainable
     "rescales_five_seconds_later": ("dense_dp", "fsdp dtensor", "fp32"),  # a thread still alive after the case
+    "leaves_grad_mode_off": ("dense_dp", "replicated", "fp32"),
+    "leaves_default_dtype_fp64": ("dense_dp", "replicated", "fp32"),
     "sparse_gradients": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
     "returns_a_huge_int": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
 }
@@ -276,3 +278,16 @@ def test_a_raise_on_every_rank_keeps_the_groups_a_target_built_once(tmp_path):
     cases = run.cases(target=once)
     assert len(cases) == 2 * FSDP_LAYOUTS and all(c["verdict"] == "PASS" for c in cases), \
         [(c["layout"], failed_checks(c)) for c in cases if c["verdict"] != "PASS"]
+
+
+def test_a_global_setting_a_target_leaves_changed_is_restored_for_the_next_target(tmp_path):
+    """Issue 29 red team E10b: a default dtype left at float64 made the next target's float32 coefficient exact,
+    so ``mutant-fp32-copy``-like slips passed at fp64 after it; the harness restores what the target changed."""
+    run = run_clipcheck(2, [*ONE_CASE[:2], "--variant", "replicated", "--dtype", "fp64", "--norm-type", "2",
+                            "--clip-ratio", "0.5", "--target",
+                            f"{BROKEN}:leaves_default_dtype_fp64,{BROKEN}:coefficient_in_default_dtype"], tmp_path)
+    leak = run.cases(target=f"{BROKEN}:leaves_default_dtype_fp64")
+    assert leak and "default dtype float32 -> float64" in leak[0]["checks"]["contract"]["detail"], leak[0]["checks"]
+    slipped = run.cases(target=f"{BROKEN}:coefficient_in_default_dtype")
+    assert slipped and all(c["verdict"] == "FAIL" and "coefficient" in failed_checks(c) for c in slipped), \
+        [(c["layout"], c["checks"]) for c in slipped]

@@ -172,3 +172,53 @@ class LateWatch:
     def changes(self) -> list[str]:
         with torch.no_grad():
             return late_changes(self.baseline, fingerprint(self.model, self.names))
+
+
+@dataclass(frozen=True)
+class GlobalState:
+    """The process-wide torch settings a clip must leave as it found them: a clip that turns grad mode off
+    (``torch.set_grad_enabled(False)`` as a statement) or sets the default dtype to float64 "for exact
+    accumulation" and never restores it changes the training around it, and every later target of the
+    same ranks too (one that computes its coefficient as a default-dtype tensor then passes at fp64).
+    Snapshot before the call, compared after it (a ``contract`` fault naming what changed), then restored."""
+
+    grad_enabled: bool
+    default_dtype: torch.dtype
+    default_device: str
+    deterministic: bool
+    deterministic_warn_only: bool
+    anomaly: bool
+
+    @classmethod
+    def of(cls) -> "GlobalState":
+        return cls(torch.is_grad_enabled(), torch.get_default_dtype(), str(torch.get_default_device()),
+                   torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                   torch.is_anomaly_enabled())
+
+    def changes(self, after: "GlobalState") -> list[str]:
+        """What differs, as ``grad mode True -> False``, ``default dtype float32 -> float64`` ..."""
+        words = {"grad_enabled": "grad mode", "default_dtype": "default dtype", "default_device": "default device",
+                 "deterministic": "deterministic algorithms", "deterministic_warn_only": "deterministic warn-only",
+                 "anomaly": "anomaly detection"}
+        out = []
+        for key, word in words.items():
+            old, new = getattr(self, key), getattr(after, key)
+            if old != new:
+                out.append(f"{word} {str(old).replace('torch.', '')} -> {str(new).replace('torch.', '')}")
+        return out
+
+    def restore(self) -> None:
+        torch.set_grad_enabled(self.grad_enabled)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_default_device(None if self.default_device == "cpu" else self.default_device)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.autograd.set_detect_anomaly(self.anomaly)
+
+
+def global_state_fault(before: GlobalState) -> str | None:
+    """The fault of a call that changed the process-wide torch settings (restored now), or None."""
+    changed = before.changes(GlobalState.of())
+    if not changed:
+        return None
+    before.restore()
+    return f"changed the process-wide torch settings and left them so ({'; '.join(changed)}; restored now)"

@@ -40,7 +40,7 @@ from harness.judge.checks import CaseResult, evaluate, is_collateral, setup_fail
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.devices import settle
-from harness.run.aftermath import LateWatch, ModelState, fingerprint, settled_changes
+from harness.run.aftermath import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
 from harness.run.effects import rank_effects, snapshot_params
 from harness.cases.model import generated_grads, local_grads
 from harness.run.delivery import expected_copies, undelivered
@@ -173,18 +173,19 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
                                            world.store_round("replication"), world.device))
 
     default_group = dist.group.WORLD
-    state_before, threads_before = ModelState.of(model), set(threading.enumerate())
+    state_before, threads_before, settings = ModelState.of(model), set(threading.enumerate()), GlobalState.of()
     before = census()
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
-    reported, fault, broken = None, None, False
+    reported, fault, broken = None, global_state_fault(settings), False  # restored for what follows
     left = left_behind(before)  # processes: killed now (threads are waited for below: ``aftermath``)
     if error is None:
         try:
             reported = reported_value(value)
         except (TypeError, ValueError, OverflowError) as exc:  # reported at the user's function, not the harness line
-            fault = f"{exc} (returned by {where_defined(target.fn)})"
+            fault = "; ".join(filter(None, [f"{exc} (returned by {where_defined(target.fn)})", fault]))
     if not dist.is_initialized() or dist.group.WORLD is not default_group:
-        fault, broken = "the clip function destroyed or replaced the default process group", True
+        fault = "; ".join(filter(None, [fault, "the clip function destroyed or replaced the default process group"]))
+        broken = True
     if left is not None:  # a child process may have used this rank's groups: fresh ones for all
         fault, broken = "; ".join(filter(None, [fault, left])), True
     if any(s["error"] is not None or s.get("broken")
