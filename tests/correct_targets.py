@@ -320,3 +320,12 @@ def group_built_once(model, *, max_norm, norm_type=2.0):
         raise RuntimeError("The total norm of gradients is non-finite, so it cannot be clipped")
     _clip_if_finite(model, max_norm, norm)
     return norm
+
+
+def returns_a_default_dtype_tensor(model, *, max_norm, norm_type=2.0):
+    """Norm and clip exact in float64, but returned as torch.tensor(norm): a tensor of the default dtype,
+    float32, so at fp64 the reported value is one float32 rounding from the exact norm (a reporting
+    precision, not a wrong clip)."""
+    norm = _all_reduce_norm(*_weighted_partial(model, norm_type), norm_type)
+    _clip_if_finite(model, max_norm, norm)
+    return torch.tensor(norm)

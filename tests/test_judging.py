@@ -300,6 +300,24 @@ def test_a_rejected_raise_says_why():
     assert "does not say non-finite" in detail and "rank(s) [0, 1, 2]" in detail, detail
 
 
+def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding():
+    """Issue 29 red team F3: an exact fp64 norm returned as torch.tensor(norm) (float32) failed at fp64."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
+    case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
+                    "t", 2.0, 0.5)
+    truth, scale = correct(case)
+    rounded = float(torch.tensor(truth, dtype=torch.float32))
+    assert abs(rounded - truth) / truth > 1e-9  # outside fp64's own tolerance
+    result, _ = judge(case, [rounded, rounded], scale)
+    assert failed(result) == {"norm"}  # a Python float: fp64 precision, so this is wrong
+    stats = simulated_stats(case.layout, case.injection, 2.0)
+    rep = true_replication(case.layout)
+    records = [dict(rank_record(case, r, rounded, scale), precision="fp32") for r in range(2)]
+    assert evaluate(case, truth, truth, stats, rep, rep, records).verdict == "PASS"
+    off = [dict(rank_record(case, r, truth * (1 + 1e-6), scale), precision="fp32") for r in range(2)]
+    assert "norm" in failed(evaluate(case, truth, truth, stats, rep, rep, off))  # beyond one float32 rounding
+
+
 def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     case = partial_case()
     none_returned, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan,

@@ -34,7 +34,7 @@ from harness.cases.layout import MeshSpec, Replicate, Shard
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.records import CaseResult, Check, Replication, StatsTable, Verdict
 from harness.judge.signatures import Evidence, explain, holds_on
-from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
+from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, norm_rtol, uniformity_bound
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
@@ -321,11 +321,20 @@ def judge_norm(j: Judgement) -> Outcome:
         return None
     reported, truth = j.reported, j.truth
     rtol = tolerance(j.dtype, j.elements)
-    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
+    rtols = [rank_rtol(rtol, rec.get("precision")) for rec in j.records]
+    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtols[r])]
     if not bad:
         return True, ""
     ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
     return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4])
+
+
+def rank_rtol(rtol: float, precision: str | None) -> float:
+    """The norm tolerance for a value returned in ``precision`` (``targets.target.reported_precision``):
+    a norm computed right and returned in a narrower type than the case's (a float32 tensor of an fp64
+    norm, torch.tensor(total) with the default dtype) is one rounding of that type further away; what
+    the clip did with it is the coefficient check's to judge."""
+    return rtol + (UNIT_ROUNDOFF[precision] if precision in UNIT_ROUNDOFF else 0.0)
 
 
 def judge_agree(j: Judgement) -> Outcome:

@@ -49,7 +49,7 @@ from harness.run.measure import digests_for_truth, gather_stats, pre_call_replic
 from harness.judge.truth import measured_norm
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario
-from harness.targets.target import Target, reported_value
+from harness.targets.target import Target, reported_precision, reported_value
 from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched
 from harness.run.world import DistWorld, WorldBroken
@@ -208,7 +208,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     local["stale_truth"] = stale_truth
     local["undelivered"] = undelivered_here
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
-                              "local": local}
+                              "local": local, "precision": reported_precision(value) if error is None else None}
     records = world.gather_json("record", record, world.exchange_deadline_s)
     if records is None:
         return None

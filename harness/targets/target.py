@@ -301,3 +301,15 @@ def reported_value(value: Any) -> float:
             raise TypeError(f"the clip function returned an int of {value.bit_length()} bits, too large for a "
                             "float") from None
     raise TypeError(f"the clip function returned {type(value).__name__}, expected a number or a tensor")
+
+
+_PRECISIONS = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def reported_precision(value: Any) -> str | None:
+    """The precision a returned norm was rounded to: a tensor's dtype ("fp32" for a float32 tensor), "fp64"
+    for a Python number, None for anything else. A norm computed exactly and returned as a float32 tensor
+    is one float32 rounding from the truth, which the norm check then allows (``checks.judge_norm``)."""
+    if isinstance(value, torch.Tensor):
+        return _PRECISIONS.get(value.dtype)
+    return "fp64" if isinstance(value, (int, float)) else None
