@@ -318,6 +318,43 @@ def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding()
     assert "norm" in failed(evaluate(case, truth, truth, stats, rep, rep, off))  # beyond one float32 rounding
 
 
+def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
+    """Issue 29 red team M1: 'scaled by 0.25, expected 0.25' and 'reported/true rank 0: 1' hid the failing
+    quantity (a float32 rounding at fp64): the details print the relative error and the tolerance."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
+    case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
+                    "t", 2.0, 0.5)
+    truth, _ = correct(case)
+    c32 = float(torch.tensor(clip_coefficient(case.max_norm, truth), dtype=torch.float32))
+    result, _ = judge(case, [truth * (1 + 1e-7)] * 2, lambda r, n, g: g * c32)
+    details = {c.name: c.detail for c in result.failed}
+    assert "relative error up to 1e-07 > tolerance 1e-09" in details["norm"], details
+    assert "relative error" in details["coefficient"] and "> tolerance" in details["coefficient"], details
+
+
+def test_a_reported_max_norm_is_signed_as_the_norm_after_clipping():
+    """Issue 29 red team M2: reporting min(total, max_norm) read as '1/sqrt(4): a group counted once'."""
+    case = dense_case()
+    truth, scale = correct(case)
+    assert case.max_norm < truth
+    result, _ = judge(case, [case.max_norm] * 2, scale)
+    assert result.signature == ["equals max_norm: the norm after clipping reported, not the norm before it"]
+
+
+def test_no_replica_factor_is_read_into_a_layout_without_replicas():
+    """Issue 29 red team M3: 'sqrt(2): a group counted ... times' on a layout where nothing is replicated."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3), dp=Shard(0)), param("b", (4,), dp=Shard(0))))
+    case = CaseSpec(0, "test", Variant("dp=2 sharded", layout, Injection(seed=2), declared_from_layout(layout)),
+                    "t", 2.0, 100.0)
+    truth = constructive_norm(layout, case.injection, 2.0)
+    result, _ = judge(case, [truth * 2**0.5] * 2, lambda r, n, g: g)
+    assert "norm" in failed(result) and not any("counted" in line for line in result.signature), result.signature
+    replicated = dense_case()
+    rtruth, scale = correct(replicated)
+    doubled, _ = judge(replicated, [rtruth * 2**0.5] * 2, scale)
+    assert any("counted dp_size times instead of once" in line for line in doubled.signature), doubled.signature
+
+
 def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     case = partial_case()
     none_returned, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan,

@@ -134,6 +134,11 @@ def _fmt(x: float | None) -> str:
     return "none" if x is None else f"{x:.6g}"
 
 
+def _fmt_rel(x: float) -> str:
+    """A relative error, readable at any size (6e-08 as well as 0.3)."""
+    return f"{x:.2g}"
+
+
 @dataclass
 class Judgement:
     """Everything rank 0 knows about one case once every rank has reported: the inputs of each check."""
@@ -326,7 +331,9 @@ def judge_norm(j: Judgement) -> Outcome:
     if not bad:
         return True, ""
     ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
-    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4])
+    errors = [abs(x - 1.0) for x in ratios.values() if x is not None]
+    off = f" (relative error up to {_fmt_rel(max(errors))} > tolerance {rtols[bad[0]]:.2g})" if errors else ""
+    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]) + off
 
 
 def rank_rtol(rtol: float, precision: str | None) -> float:
@@ -377,7 +384,9 @@ def judge_coefficient(j: Judgement) -> Outcome:
             uniform = residual <= uniformity_bound(j.dtype, elements)
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
-                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
+                why = (f"relative error {_fmt_rel(off)} > tolerance {ctol:.2g}" if off > ctol else
+                       f"residual {residual:.2g} > bound {uniformity_bound(j.dtype, elements):.2g}")
+                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g} ({why})")
     return worst is None, "" if worst is None else worst[1]
 
 
@@ -466,8 +475,17 @@ def _evidence(j: Judgement, mismatches: list[str], norm: Check | None) -> Eviden
         declared_mismatches=mismatches,
         unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
+        max_norm=j.case.max_norm,
+        replica_counts=replica_counts(j.case),
     )
     return evidence
+
+
+def replica_counts(case: CaseSpec) -> frozenset[int]:
+    """Every true replica count above 1 that a gradient of ``case`` has on some rank."""
+    layout = case.layout
+    return frozenset(count for spec in layout.trainable for rank in range(layout.mesh.world_size)
+                     if layout.is_present(spec, rank) and (count := layout.replica_count(spec, rank)) > 1)
 
 
 def signature_of(result: CaseResult) -> list[str]:
