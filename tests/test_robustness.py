@@ -291,3 +291,15 @@ def test_a_global_setting_a_target_leaves_changed_is_restored_for_the_next_targe
     slipped = run.cases(target=f"{BROKEN}:coefficient_in_default_dtype")
     assert slipped and all(c["verdict"] == "FAIL" and "coefficient" in failed_checks(c) for c in slipped), \
         [(c["layout"], c["checks"]) for c in slipped]
+
+
+def test_a_target_cannot_rewrite_the_plan_later_targets_are_judged_on(tmp_path):
+    """Issue 29 red team E9: a target writing the true placements into ctx.declared (the variant's shared plan)
+    made a later plan-trusting target pass (xorl-style: 10 FAIL alone, 0 after it). The plan is read-only."""
+    args = ["--scenario", "xorl_ep_lora", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5"]
+    alone = run_clipcheck(2, [*args, "--target", "xorl-style"], tmp_path)
+    after = run_clipcheck(2, [*args, "--target", f"{BROKEN}:rewrites_the_plan,xorl-style"], tmp_path)
+    fails = [sum(c["verdict"] == "FAIL" for c in run.cases(target="xorl-style")) for run in (alone, after)]
+    assert fails[0] > 0 and fails[0] == fails[1], fails
+    rewriting = after.cases(target=f"{BROKEN}:rewrites_the_plan")
+    assert rewriting and all("TypeError" in c["checks"]["raised"]["detail"] for c in rewriting)
