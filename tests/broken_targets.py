@@ -377,3 +377,59 @@ def rewrites_the_plan(model, *, max_norm, norm_type=2.0):
         for axis in ctx.mesh_spec.names:
             ctx.declared[spec.name][axis] = spec.placement(axis)  # type: ignore[index]
     return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def _counted(model, max_norm, norm_type, params, copies):
+    """The reference's reduction and clip over ``params`` (name, parameter), each weighted 1/copies(name, p)."""
+    from harness.clipmath import reduce_root_and_clip, weighted_partial
+
+    local = weighted_partial(params, norm_type, copies)
+    return torch.tensor(reduce_root_and_clip(local, [p for _, p in trainable_with_grads(model)], max_norm=max_norm,
+                                             norm_type=norm_type), dtype=torch.float64)
+
+
+def assumes_plain_grads_replicated(model, *, max_norm, norm_type=2.0):
+    """norm: when any gradient is a DTensor, takes every plain gradient for a DP replica (the 'unplanned
+    modules are replicated' assumption): sharded plain weights beside DTensor biases are counted once."""
+    import harness
+
+    ctx = harness.context(model)
+    params = trainable_with_grads(model)
+    mixed = any(hasattr(p.grad, "to_local") for _, p in params)
+    return _counted(model, max_norm, norm_type, params,
+                    lambda n, p: ctx.world_size if mixed and not hasattr(p.grad, "to_local")
+                    else ctx.true_replica_count(n))
+
+
+def counts_tied_weights_twice(model, *, max_norm, norm_type=2.0):
+    """norm: walks named_parameters(remove_duplicate=False): a Parameter registered under two names on one
+    rank (a head tied to an embedding) is counted twice."""
+    import harness
+
+    ctx = harness.context(model)
+    names = {id(p): n for n, p in model.named_parameters()}  # the first name: the layout's
+    params = [(n, p) for n, p in model.named_parameters(remove_duplicate=False)
+              if p.requires_grad and p.grad is not None]
+    return _counted(model, max_norm, norm_type, params, lambda n, p: ctx.true_replica_count(names[id(p)]))
+
+
+def inf_norm_without_empty_guard(model, *, max_norm, norm_type=2.0):
+    """raised: the inf norm as max over g.abs().max() of every local gradient, with no guard for an empty
+    one (a zero-size parameter, an empty FSDP shard): max() of nothing raises on every rank."""
+    if math.isinf(norm_type):
+        for _, p in trainable_with_grads(model):
+            local_tensor(p.grad).abs().max()
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def coefficient_in_param_dtype(model, *, max_norm, norm_type=2.0):
+    """coefficient: scales by the coefficient rounded to the PARAMETER's dtype, g.mul_(c.to(p.dtype)): exact
+    while gradients and parameters share a dtype, a bf16-rounded factor on fp32 gradients of bf16 weights."""
+    saved = [(p, local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for p, before in saved:
+        local_tensor(p.grad).copy_(before)
+    if math.isfinite(total) and max_norm / (total + 1e-6) < 1.0:
+        for p, _ in saved:
+            local_tensor(p.grad).mul_(torch.tensor(max_norm / (total + 1e-6)).to(p.dtype))
+    return total

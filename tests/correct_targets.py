@@ -33,9 +33,12 @@ TORCH_NONFINITE_MESSAGE = (
 
 # -- shared helpers ---------------------------------------------------------------------------------
 def _held(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, rank-local gradient) for every trainable parameter with a gradient on this rank; the
-    local gradient is a view of the DTensor's local shard where the gradient is a DTensor."""
-    return [(n, local_tensor(p.grad)) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    """(name, rank-local gradient) for every trainable parameter with a non-empty gradient on this rank;
+    the local gradient is a view of the DTensor's local shard where the gradient is a DTensor. Empty
+    ones (a zero-size parameter, an empty shard) are left out: they add nothing, and torch's inf norm
+    kernels refuse them."""
+    held = [(n, local_tensor(p.grad)) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    return [(n, g) for n, g in held if g.numel() > 0]
 
 
 def _f64(values: list[float]) -> torch.Tensor:

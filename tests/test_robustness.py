@@ -303,3 +303,31 @@ def test_a_target_cannot_rewrite_the_plan_later_targets_are_judged_on(tmp_path):
     assert fails[0] > 0 and fails[0] == fails[1], fails
     rewriting = after.cases(target=f"{BROKEN}:rewrites_the_plan")
     assert rewriting and all("TypeError" in c["checks"]["raised"]["detail"] for c in rewriting)
+
+
+EDGE_LAYOUTS = {  # issue 29 red team E11: a clip wrong only on dense_edges' newer layouts -> the variant
+    "assumes_plain_grads_replicated": "plain sharded weights, replicated dtensor biases",
+    "counts_tied_weights_twice": "tied head, empty parameter",
+    "inf_norm_without_empty_guard": "tied head, empty parameter",
+    "coefficient_in_param_dtype": "bf16 parameters",
+}
+
+
+def test_the_edge_layouts_fail_the_clips_wrong_only_there_and_pass_the_correct_ones(tmp_path):
+    run = run_clipcheck(2, ["--scenario", "dense_edges", "--dtype", "fp32", "--clip-ratio", "0.5", "--target",
+                            ",".join([*(f"{BROKEN}:{name}" for name in EDGE_LAYOUTS), *CORRECT_POLICIES])],
+                        tmp_path, timeout=400)
+    for name, variant in EDGE_LAYOUTS.items():
+        cases = run.cases(target=f"{BROKEN}:{name}")
+        # counting mistakes do not move a maximum; the missing guard is on the inf path only
+        there = [c for c in cases if variant in c["layout"]
+                 and (c["clip_ratio"] == 0.5 if name.startswith("coefficient")  # nothing to scale at x2
+                      else (c["norm"] == "Linf") == name.startswith("inf"))]
+        assert there and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in there), \
+            (name, [(c["layout"], c["norm"], failed_checks(c)) for c in there])
+        elsewhere = [c for c in cases if variant not in c["layout"] and "x64" not in c["layout"]]
+        assert all(c["verdict"] == "PASS" for c in elsewhere), (name, [c["layout"] for c in elsewhere
+                                                                       if c["verdict"] != "PASS"])
+    passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
+    assert passing and all(c["verdict"] == "PASS" for c in passing), \
+        [(c["target"], c["layout"], c["norm"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]

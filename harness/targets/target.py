@@ -181,6 +181,7 @@ def _local_views(model: nn.Module) -> list[nn.Parameter]:
         if isinstance(p, DTensor):
             view = nn.Parameter(local_tensor(p).detach())
             assert p.grad is not None  # trainable_with_grads
+            view.grad_dtype = p.grad.dtype  # gradients may be wider than their parameters (bf16 with fp32 grads)
             view.grad = local_tensor(p.grad)
             p = view
         views.append(p)
@@ -206,6 +207,7 @@ def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) 
             placements = torch_placements(ctx.declared.get(name, {}), ctx.mesh_spec)
             wrapped = nn.Parameter(DTensor.from_local(p.detach(), ctx.mesh, placements, run_check=False))
             assert p.grad is not None  # trainable_with_grads
+            wrapped.grad_dtype = p.grad.dtype  # gradients may be wider than their parameters
             wrapped.grad = DTensor.from_local(p.grad, ctx.mesh, placements, run_check=False)
             p = wrapped
         params.append(p)
@@ -231,10 +233,22 @@ def torch_max_drops_nan(layouts: str) -> Finding:
                    norms=("Linf",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_inf_norm_drops_nan.py")
 
 
+def torch_inf_norm_of_empty(layouts: str) -> Finding:
+    """torch's foreach inf norm refuses an empty tensor: a zero-size parameter (or an empty local shard)."""
+    return Finding(layouts, None, "torch._foreach_norm raises 'cannot compute infinity norm on empty tensor': "
+                   "clip_grad_norm_(norm_type=inf) fails on every rank whose gradients include an empty one (a "
+                   "zero-size parameter, an empty FSDP shard), where the inf norm of nothing is 0",
+                   direct_call("torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=inf) with a zero-size "
+                               "parameter's gradient among params (observed on torch 2.13, CPU)"),
+                   norms=("Linf",), owner="pytorch/pytorch")
+
+
 TORCH_NORM_PARTIAL_DTYPE = (
     "torch's DTensor norm reduction (_NormPartial) raises each shard's norm to the power p in the gradient "
     "dtype before summing: with fp16 gradients a shard norm above sqrt(65504) = 256 squares to inf (a finite "
-    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%)")
+    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%); "
+    "the same at L1 (the sum of the shards' norms above 65504) and L3 (cubes overflow, or underflow to a norm "
+    "of 0), and with bf16 gradients the cubes lose precision (L3 off by ~2%)")
 
 
 def torch_norm_partial_fp16(layouts: str) -> Finding:
@@ -242,7 +256,8 @@ def torch_norm_partial_fp16(layouts: str) -> Finding:
     return Finding(layouts, None, TORCH_NORM_PARTIAL_DTYPE,
                    direct_call("clip_grad_norm_ / get_total_norm on sharded fp16 DTensor gradients (a model "
                                "fully_shard-ed with fp16 parameters, no fp32 gradient dtype)"),
-                   norms=("L2",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
+                   norms=("L1", "L2", "L3"), owner="pytorch/pytorch",
+                   repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
 
 
 BUILTIN_TARGETS: dict[str, Target] = {
@@ -261,7 +276,7 @@ BUILTIN_TARGETS: dict[str, Target] = {
         Target("torch-dtensor", torch_dtensor,
                "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
                findings=(torch_max_drops_nan("*nan on last rank*"), torch_norm_partial_fp16("*loss-scaled*"),
-                         torch_norm_partial_fp16("*tiny*"))),
+                         torch_norm_partial_fp16("*tiny*"), torch_inf_norm_of_empty("*empty parameter*"))),
     )
 }
 
