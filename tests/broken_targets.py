@@ -433,3 +433,15 @@ def coefficient_in_param_dtype(model, *, max_norm, norm_type=2.0):
         for p, _ in saved:
             local_tensor(p.grad).mul_(torch.tensor(max_norm / (total + 1e-6)).to(p.dtype))
     return total
+
+
+_CALLS: list[int] = []
+
+
+def clips_on_odd_calls_only(model, *, max_norm, norm_type=2.0):
+    """coefficient: counts its calls as micro-steps (gradient accumulation of 2) and clips only on odd calls,
+    reporting the right norm every time: the even calls leave gradients that needed clipping unscaled."""
+    _CALLS.append(1)
+    if len(_CALLS) % 2:
+        return reference(model, max_norm=max_norm, norm_type=norm_type)
+    return _norm_then(model, max_norm, norm_type, lambda g, c, total: None)

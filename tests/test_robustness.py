@@ -331,3 +331,13 @@ def test_the_edge_layouts_fail_the_clips_wrong_only_there_and_pass_the_correct_o
     passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
     assert passing and all(c["verdict"] == "PASS" for c in passing), \
         [(c["target"], c["layout"], c["norm"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]
+
+
+def test_a_clip_that_skips_every_other_call_fails_the_fixed_cases(tmp_path):
+    """Issue 29 red team: each target's fixed cases alternated x0.5, x2, so 'clip only on odd calls' skipped
+    exactly the cases that need no clipping and passed every one; every other bound group is now reversed."""
+    run = run_clipcheck(2, ["--scenario", "dense_dp", "--variant", "fsdp", "--dtype", "fp32", "--norm-type", "2,inf",
+                            "--target", f"{BROKEN}:clips_on_odd_calls_only"], tmp_path)
+    ratios = [c["clip_ratio"] for c in run.cases()]
+    assert ratios[:4] == [0.5, 2.0, 2.0, 0.5], ratios
+    assert any(c["verdict"] == "FAIL" and "coefficient" in failed_checks(c) for c in run.cases()), run.stdout
