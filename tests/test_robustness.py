@@ -247,7 +247,7 @@ RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where i
     "sparse_gradients": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
     "returns_a_huge_int": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
 }
-CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:poison_on_nonfinite",
+CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:raise_in_apex_words", f"{CORRECT}:poison_on_nonfinite",
                     f"{CORRECT}:skip_step_on_nonfinite", f"{CORRECT}:gathered_sum_leave_nonfinite",
                     f"{CORRECT}:grad_dtype_accumulation", f"{CORRECT}:foreach_kernels"]
 
