@@ -85,3 +85,17 @@ def test_a_sparse_gradient_is_mangled_and_a_huge_int_return_is_a_type_fault():
     assert mangled_reason(dense, dense * 2) is None
     with pytest.raises(TypeError, match="too large for a float"):
         reported_value(10**400)
+
+
+def test_a_changed_global_torch_setting_is_named_and_restored():
+    from harness.run.aftermath import GlobalState, global_state_fault
+
+    before = GlobalState.of()
+    try:
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        fault = global_state_fault(before)
+        assert fault is not None and "grad mode True -> False" in fault and "default dtype float32 -> float64" in fault
+        assert GlobalState.of() == before and global_state_fault(before) is None
+    finally:
+        before.restore()
