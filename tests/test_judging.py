@@ -372,9 +372,9 @@ def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract
     overflowed, _ = judge(case, [truth, truth],
                           lambda r, n, g: scale(r, n, g) * math.inf if n == "a" else scale(r, n, g))
     assert failed(overflowed) == {"contract"}
-    assert "a became non-finite (inf/NaN) in the clip" in overflowed.failed[0].detail, overflowed.failed[0].detail
+    assert "rank 0: a became non-finite (inf/NaN) in the clip" in overflowed.failed[0].detail, overflowed.failed[0].detail
     poisoned, _ = judge(case, [truth, truth], lambda r, n, g: g.fill_(math.nan))
-    assert "contract" in failed(poisoned) and "(2 params) became non-finite" in poisoned.failed[0].detail
+    assert "contract" in failed(poisoned) and "rank 0: a, b became non-finite" in poisoned.failed[0].detail
     # with a non-finite truth a NaN gradient is a policy (poison), not a contract fault
     nan_case = dense_case(nonfinite=[("a", 0, "nan")])
     poison, _ = judge(nan_case, [math.nan, math.nan], lambda r, n, g: g * math.nan)

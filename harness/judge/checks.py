@@ -91,6 +91,12 @@ def _names(names: Sequence[str], limit: int = 6) -> str:
     return text
 
 
+def _full_names(names: Sequence[str], limit: int = 3) -> str:
+    """Parameter names in full (``layers.0.weight``), the first ``limit`` of them and how many in all."""
+    text = ", ".join(names[:limit])
+    return text + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
 def _collateral(error: str) -> bool:
     return any(marker in error for marker in _COLLATERAL)
 
@@ -272,11 +278,11 @@ def judge_contract(j: Judgement) -> Outcome:
         for name in local["vanished"]:
             problems.append(f"rank {r}: {name} lost its gradient (set to None)")
         if local["replaced"]:
-            problems.append(f"rank {r}: {_names(local['replaced'])} gradient replaced, not scaled in place "
+            problems.append(f"rank {r}: gradient of {_full_names(local['replaced'])} replaced, not scaled in place "
                             "(a new tensor: whatever aliased the old one keeps the unscaled values)")
         if j.finite_truth and local["became_nonfinite"]:
             names = local["became_nonfinite"]
-            problems.append(f"rank {r}: {_names(names)} became non-finite (inf/NaN) in the clip, though every "
+            problems.append(f"rank {r}: {_full_names(names)} became non-finite (inf/NaN) in the clip, though every "
                             "gradient was finite before it and the true norm is finite")
     more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
     return not problems, "; ".join(problems[:4]) + more
