@@ -1,7 +1,10 @@
-# examples/my_clip.py -- run with: torchrun --nproc_per_node=4 -m harness --target examples/my_clip.py:clip
-import torch, torch.distributed as dist
+# examples/my_clip.py -- run with: clipcheck run --nproc 4 --target examples/my_clip.py:clip (docs/writing-a-target.md)
+import torch
+import torch.distributed as dist
+
 import harness
-from harness.cases.layout import Shard
+from harness import Shard
+
 
 def clip(model, *, max_norm, norm_type=2.0):
     ctx = harness.context(model)
@@ -11,9 +14,9 @@ def clip(model, *, max_norm, norm_type=2.0):
             continue
         placements = ctx.declared[name]                      # the plan's belief, per mesh axis
         replicas = 1
-        for dim in ctx.mesh_spec.names:                      # replicated dims hold copies: count once
-            if not isinstance(placements.get(dim), Shard):
-                replicas *= ctx.group_size(dim)
+        for axis in ctx.mesh_spec.names:                     # replicated axes hold copies: count once
+            if not isinstance(placements.get(axis), Shard):
+                replicas *= ctx.group_size(axis)
         grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad   # DTensor or plain
         local += grad.double().abs().pow(norm_type).sum() / replicas
     dist.all_reduce(local)

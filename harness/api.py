@@ -23,14 +23,19 @@ from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_re
 from harness.run.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.targets.loading import load_object
-from harness.cases.matrix import spec_from_mapping
+from harness.cases.matrix import MatrixSpec, parse_mapping
+from harness.commands.project import project_defaults
 from harness.cases.plan import Plan, plan_cases
 from harness.run.pool import RankPool
 from harness.run.on_pool import forget_blame, run_case_on_pool
+from harness.report.failures import failures_text
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_PASS, count
 from harness.run.watchdog import timeout_problem
 from harness.run.world import default_backend
+
+
+DEFAULT_WORLDS = (2,)
 
 
 @dataclass
@@ -64,8 +69,14 @@ class CheckReport:
         return [r for r in self.cases if r["verdict"] in ("FAIL", "ERROR")]
 
     def describe(self) -> str:
-        """What ``clipcheck run`` prints for the same selection, world after world."""
-        return self.text
+        """Short, for ``assert report.passed, report.describe()``: the worlds skipped, each world's
+        header and summary line, then the failing cases only (``FAILURES_SHOWN`` at most), each with
+        its failed checks, signature, first blame lines and the ``clipcheck run`` command that runs it
+        again. ``text`` holds everything ``clipcheck run`` would have printed (every case)."""
+        kept = [line.split("; norm tolerance")[0] for line in self.text.splitlines()
+                if line.startswith(("skipped: ", "clipcheck: ", "summary: "))]
+        failing = failures_text(self.records)
+        return "\n".join(kept + ([failing] if failing else []))
 
 
 def target_reference(target: str | Callable[..., Any]) -> str:
@@ -88,15 +99,18 @@ def target_reference(target: str | Callable[..., Any]) -> str:
 
 
 def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None = None,
-          worlds: Iterable[int] = (2,), dtypes: Sequence[str] | None = None,
+          worlds: Iterable[int] | None = None, dtypes: Sequence[str] | None = None,
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
-          seed: int = 0, backend: str | None = None, timeout_s: float = 60.0,
-          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto", plans: str = "all") -> CheckReport:
+          seed: int | None = None, backend: str | None = None, timeout_s: float | None = None,
+          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto",
+          plans: str | None = None) -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
-    at 0.5x and 2x the true norm. A world this machine cannot run (nccl with fewer GPUs than ranks)
+    at 0.5x and 2x the true norm, world 2, a 60 s timeout; an argument left out (None) takes the value
+    of ``[tool.clipcheck]`` in the current directory's ``pyproject.toml`` (``harness.commands.project``;
+    its ``targets`` do not apply: ``target`` names the one clip), and an argument given wins. A world this machine cannot run (nccl with fewer GPUs than ranks)
     is skipped with its reason (``report.skipped``), as the matrix does; none runnable is bad input.
     ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
     ``rank_pool``), keyed by world size; other worlds are started here and closed afterwards.
@@ -104,16 +118,18 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     record's ``blame``; printed under the case): ``"auto"`` (the default) once per layout, target, norm
     and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
     (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``)."""
-    raw: dict[str, Any] = {"targets": [target_reference(target)], "worlds": list(worlds), "seed": seed, "plans": plans}
+    project = project_defaults()
+    raw: dict[str, Any] = {"targets": [target_reference(target)]}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
-                       ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes)):
+                       ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes), ("worlds", worlds)):
         if value is not None:
             raw[key] = [str(v) if key == "norm_types" else v for v in value]
-    if max_norm is not None:
-        raw["max_norm"] = max_norm
-    if variant is not None:
-        raw["variant"] = variant
-    spec = spec_from_mapping(raw, source="harness.check")
+    for key, single in (("max_norm", max_norm), ("variant", variant), ("seed", seed), ("plans", plans)):
+        if single is not None:
+            raw[key] = single
+    spec = MatrixSpec(worlds=DEFAULT_WORLDS).updated(project.without("targets")).updated(
+        parse_mapping(raw, source="harness.check"))
+    timeout_s = timeout_s if timeout_s is not None else project.timeout if project.timeout is not None else 60.0
     problem = timeout_problem(timeout_s, "timeout_s")
     if problem:
         raise ClipcheckInputError(problem)

@@ -74,7 +74,7 @@ def test_the_xorl_seed_is_blamed_on_the_forgotten_lora_factors(world4):
     for group in case["blame"]:
         assert group["weight"] == pytest.approx(1 / 4)
         assert group["line"].endswith("counted 1/4 of its true weight (declared Replicate on ep, measured distinct)")
-    assert "blame: model.layers.*.mlp.experts.gate_proj_lora_A: counted 1/4" in report.describe()
+    assert "blame: model.layers.*.mlp.experts.gate_proj_lora_A: counted 1/4" in report.text
 
 
 def test_a_correct_clip_and_a_right_norm_are_not_blamed(world4):
@@ -107,7 +107,7 @@ def test_a_failing_norm_is_blamed_by_default_once_per_layout_and_the_other_bound
     assert f"weighed on case {first['index']} (bound x0.5)" in second["blame_note"]
     # the table prints the blame's one-line summary under every failing norm
     assert all(c["blame"] for c in report.failures if not c["checks"]["norm"]["passed"])
-    assert report.describe().count("      blame: moe.experts.*.weight (ranks ") == len(report.failures)
+    assert report.text.count("      blame: moe.experts.*.weight (ranks ") == len(report.failures)
     off = check("mutant-local-root-mean", scenarios=["deepspeed_autoep"], worlds=[WORLD], pools={WORLD: world4},
                 blame="off", variant="owner-sharded", **ONE_CASE_EACH)
     assert not _blamed(off)

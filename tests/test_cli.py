@@ -92,3 +92,13 @@ def test_help_lists_the_commands_and_the_exit_statuses_and_version_says_what_run
         assert f"  {status}  {meaning}" in shown.stdout
     version = run_cli(["--version"])
     assert version.returncode == 0 and version.stdout.startswith("clipcheck ") and "torch 2." in version.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "matrix", "fuzz", "compat", "catalogue"])
+def test_every_command_has_its_help_and_refuses_a_missing_file_in_one_line(command):
+    helped = run_cli([command, "--help"])
+    assert helped.returncode == 0 and helped.stdout.startswith(f"usage: clipcheck {command}"), helped.stderr
+    if command == "compat":
+        missing = run_cli(["compat", "no-such-results.jsonl"])
+        assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "Traceback" not in missing.stderr
+

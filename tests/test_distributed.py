@@ -155,7 +155,7 @@ def failed_checks(case):
 def test_reference_dtensor_and_readme_example_pass_everything(controls_world2):
     cases = controls_world2.cases(target="reference")
     assert len(cases) == CONTROL_CASES and all(c["verdict"] == "PASS" for c in cases)
-    # the README example is L2 only and counts copies from the declared plan (see the README)
+    # the docs' example (docs/writing-a-target.md) is L2 only and counts copies from the declared plan
     example = controls_world2.cases(target="examples/my_clip.py:clip", norm="L2")
     failing = {c["layout"] for c in example if c["verdict"] != "PASS"}
     assert len(example) == CONTROL_CASES // 2 and failing == {"dp=2 stage on rank 0"}

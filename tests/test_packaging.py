@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.run.torch_compat import torch_release
 from harness.targets.registry import builtin_scenarios
 from harness_runs import ROOT
 
@@ -70,7 +72,37 @@ def test_wheel_declares_what_the_runtime_imports(wheel):
     assert "numpy" not in names
     assert "hypothesis" in names
     (torch,) = [r.replace(" ", "") for r in runtime if r.lower().startswith("torch")]
-    assert ">=2.13" in torch and "<2.14" in torch, torch
+    # exactly the releases the suite ran on: CI's and .ci/torch-versions' (docs/torch-versions.md)
+    assert set(torch.removeprefix("torch").split(",")) == set(_ran_torch_range()), torch
+
+
+CI_TORCH = "2.13.0"  # .ci/run's (the CPU build, .ci/installed-product)
+
+
+def _torch_versions_defaults() -> list[str]:
+    """.ci/torch-versions' default versions: the releases besides CI's that the suite is run on."""
+    script = (ROOT / ".ci" / "torch-versions").read_text()
+    match = re.search(r"^DEFAULT_VERSIONS=\(([^)]*)\)$", script, re.MULTILINE)
+    assert match, "no DEFAULT_VERSIONS=(...) line in .ci/torch-versions"
+    return match.group(1).split()
+
+
+def _ran_torch_range() -> tuple[str, str]:
+    """The range of exactly the releases the suite ran on: the oldest minor release run to the newest."""
+    ran = sorted(torch_release(v) for v in [CI_TORCH, *_torch_versions_defaults()])
+    (major, low), (top_major, high) = ran[0], ran[-1]
+    assert major == top_major == 2, ran
+    return f">={major}.{low}", f"<{major}.{high + 1}"
+
+
+def test_docs_and_readme_give_the_figures_of_each_release_run_and_the_range():
+    doc = (ROOT / "docs" / "torch-versions.md").read_text()
+    for version in [CI_TORCH, *_torch_versions_defaults()]:
+        assert f"torch {version}" in doc, f"docs/torch-versions.md has no figures for torch {version}"
+    declared = "torch" + ",".join(_ran_torch_range())
+    assert f"`{declared}`" in doc
+    readme = (ROOT / "README.md").read_text()
+    assert f"`{declared}`" in readme and "docs/torch-versions.md" in readme
 
 
 def test_wheel_says_its_license_and_what_it_is(wheel):

@@ -59,12 +59,19 @@ class MatrixSpec:
         """This spec with every non-None override applied (command-line flags over the file)."""
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
+    def updated(self, values: Mapping[str, Any]) -> "MatrixSpec":
+        """This spec with every key a file gave replaced (``parse_mapping``'s values: a file's
+        ``ep_sizes = []`` is None, "every valid size", and replaces a lower layer's list)."""
+        return dataclasses.replace(self, **values)
+
     def to_mapping(self) -> dict[str, Any]:
         """The spec as a matrix-file mapping (JSON-safe), read back by ``spec_from_mapping``."""
         out: dict[str, Any] = {}
         for axis in AXES:
             value = getattr(self, axis.key)
             if value is None:
+                if axis.key == "ep_sizes":  # "every valid size" must replace a lower layer's list
+                    out[axis.key] = []
                 continue
             if axis.key == "norm_types":
                 value = [str(v) for v in value]
@@ -177,7 +184,7 @@ AXES: tuple[Axis, ...] = (
          float),
     Axis("backends", (), _backend, True, "backends the matrix applies to"),
     Axis("seed", ("--seed",), _strict(int), False, "seed of the gradient values (default 0)", int),
-    Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text"),
+    Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text; =LABEL: that one layout exactly"),
     Axis("synthetic", ("--synthetic",), _boolean, False,
          "also run the frameworks' adapters on synthetic layouts: regression layouts no known path of the "
          "framework's trainer reaches (the harness's own targets run them always)", switch=True),
@@ -204,6 +211,12 @@ def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_matrix(path: str) -> MatrixSpec:
     """Read a TOML (``.toml``) or JSON matrix file; unknown keys and bad values are errors."""
+    return MatrixSpec().updated(load_matrix_values(path))
+
+
+def load_matrix_values(path: str) -> dict[str, Any]:
+    """The axes a TOML (``.toml``) or JSON matrix file sets, parsed (``parse_mapping``); unknown keys
+    and bad values are errors."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -219,11 +232,19 @@ def load_matrix(path: str) -> MatrixSpec:
         raise LayoutError(f"matrix file {path!r} nests too deeply to be a matrix") from None
     if not isinstance(raw, dict):
         raise LayoutError(f"matrix file {path!r} must hold a table of axes, got {type(raw).__name__}")
-    return spec_from_mapping(raw, source=path)
+    return parse_mapping(raw, source=path)
 
 
 def spec_from_mapping(raw: Mapping[str, Any], source: str = "matrix") -> MatrixSpec:
-    unknown = sorted(set(raw) - set(_BY_KEY))
+    return MatrixSpec(**parse_mapping(raw, source))
+
+
+def parse_mapping(raw: Mapping[str, Any], source: str = "matrix", also_known: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Each axis a matrix mapping (a matrix file, ``[tool.clipcheck]``, ``harness.check``'s arguments)
+    sets, parsed and checked: an unknown key or a value of the wrong type is a ``LayoutError`` (one
+    line, naming ``source`` and the key). ``also_known``: keys the caller reads itself (named in the
+    message, never parsed here)."""
+    unknown = sorted(set(raw) - set(_BY_KEY) - set(also_known))
     if unknown:
-        raise LayoutError(f"{source}: unknown key(s) {unknown}; known: {sorted(_BY_KEY)}")
-    return MatrixSpec(**{key: _BY_KEY[key].parse_file_value(value, source) for key, value in raw.items()})
+        raise LayoutError(f"{source}: unknown key(s) {unknown}; known: {sorted([*_BY_KEY, *also_known])}")
+    return {key: _BY_KEY[key].parse_file_value(value, source) for key, value in raw.items() if key in _BY_KEY}

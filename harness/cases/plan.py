@@ -49,6 +49,14 @@ class Plan:
         return lines
 
 
+def variant_selected(label: str, selector: str) -> bool:
+    """``--variant``: ``=LABEL`` selects that one layout (what a replay command names); any other text
+    selects every layout whose label contains it (``*`` and ``?`` as in shell patterns)."""
+    if selector.startswith("="):
+        return label == selector[1:]
+    return fnmatch.fnmatchcase(label, f"*{selector}*")
+
+
 def plan_cases(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
     try:
         plan = _plan(spec, world_size, backend)
@@ -106,7 +114,7 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         if spec.plans == "honest":
             variants = [with_honest_plan(v) for v in variants]
         if spec.variant:
-            variants = [v for v in variants if fnmatch.fnmatchcase(v.label, f"*{spec.variant}*")]
+            variants = [v for v in variants if variant_selected(v.label, spec.variant)]
         scenario_skip = scenario.requires.unavailable() if scenario.requires else None
         skips = {t: scenario_skip or plan.targets[t].unavailable() for t in targets_here}  # probed once
         for variant in variants:

@@ -40,7 +40,8 @@ from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import fork_problem, forked_rank
 from harness.commands.mirror import ResultsMirror
 from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, \
-    results_files_problem, spec_from_args
+    resolve_timeout, results_files_problem, spec_from_args
+from harness.commands.project import project_defaults
 from harness.commands.rendezvous import launch_config
 from harness.errors import ClipcheckInputError
 from harness.judge.checks import unjudged_result
@@ -347,10 +348,12 @@ def main(argv: Sequence[str], plan: Plan | None = None) -> int:
     backend = args.backend or default_backend()
     claims: list[OutputClaim] = []
     try:
+        project = project_defaults()
+        resolve_timeout(args, project)
         problem = _usage_problem(args, backend)
         if problem:
             raise ClipcheckInputError(problem)
-        spec = spec_from_args(args)
+        spec = spec_from_args(args, project, project_keys_off=("worlds",))  # the world is --nproc
         plan = plan if plan is not None else plan_cases(spec, args.nproc, backend)
         claims = [OutputClaim(path, flag) for flag, path in (("--json", args.json), ("--junit", args.junit)) if path]
     except ClipcheckInputError as exc:

@@ -33,11 +33,13 @@ from harness.judge.checks import unjudged_result
 from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import ForkedProcess, fork_problem
 from harness.commands.launcher import main as launcher_main
-from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, spec_from_args
+from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, resolve_timeout, \
+    spec_from_args
+from harness.commands.project import ProjectDefaults, project_defaults
+from harness.cases.matrix import MatrixSpec
 from harness.run.devices import cuda_device_count, world_skip_reason
 from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.startup import preload_frameworks
-from harness.run.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
@@ -52,6 +54,7 @@ from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT
 from harness.run.world import default_backend
 
 DEFAULT_MATRIX = "default_matrix.toml"
+DEFAULT_WORLDS = "1,2,4,8"
 STOP_GRACE_S = 30.0
 LAUNCH_STATUSES = (0, 1, 3, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, 128 + signal.SIGINT, 128 + signal.SIGTERM)
 """What a launch that ended on its own terms (or was interrupted) exits with; anything else is a
@@ -85,8 +88,9 @@ def default_matrix_path() -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="clipcheck matrix", allow_abbrev=False,
                                 description="Run the matrix at every world size (one launch each) and merge.")
-    p.add_argument("--nproc-list", default=os.environ.get("NPROC_LIST", "1,2,4,8"),
-                   help="world sizes, comma or space separated (env NPROC_LIST; default 1,2,4,8)")
+    p.add_argument("--nproc-list", default=os.environ.get("NPROC_LIST") or None,
+                   help="world sizes, comma or space separated (env NPROC_LIST; default: [tool.clipcheck] worlds, "
+                        f"else {DEFAULT_WORLDS})")
     p.add_argument("--backends", default=os.environ.get("BACKENDS", ""),
                    help="backends (env BACKENDS; default nccl with CUDA, else gloo)")
     p.add_argument("--out", default="results", help="folder for per-launch logs and merged results")
@@ -100,15 +104,17 @@ def _split(text: str) -> list[str]:
     return [x for x in text.replace(",", " ").split() if x]
 
 
-def plan_launches(args: argparse.Namespace, out: Path) -> tuple[list[Launch], list[str]]:
-    """Every (backend, world) launch, planned; what cannot run here is listed, not launched."""
+def plan_launches(args: argparse.Namespace, out: Path,
+                  spec: MatrixSpec | None = None) -> tuple[list[Launch], list[str]]:
+    """Every (backend, world) launch, planned; what cannot run here is listed, not launched. ``spec``:
+    ``matrix_spec``'s (without it, the flags and ``--matrix`` alone)."""
+    spec = spec if spec is not None else spec_from_args(args)
     try:
         worlds = [int(w) for w in _split(args.nproc_list)]
     except ValueError:
         raise ClipcheckInputError(f"--nproc-list needs whole numbers, got {args.nproc_list!r}") from None
     if not worlds or min(worlds) < 1:
         raise ClipcheckInputError("--nproc-list needs positive world sizes")
-    spec = spec_from_args(args)
     backends = _split(args.backends) or list(spec.backends) or [default_backend()]
     for backend in backends:
         if backend not in ("gloo", "nccl"):
@@ -209,18 +215,29 @@ def _launch_records(launch: Launch) -> list[CaseRecord]:
     return out
 
 
+def matrix_spec(args: argparse.Namespace, project: ProjectDefaults) -> MatrixSpec:
+    """The matrix's spec: the default matrix (unless ``--matrix`` names one), ``[tool.clipcheck]``, the
+    ``--matrix`` file, the flags. ``[tool.clipcheck]``'s ``worlds`` is the default ``--nproc-list``
+    (set here); a ``--nproc-list`` or ``NPROC_LIST`` given replaces it."""
+    if args.nproc_list is None:
+        args.nproc_list = ",".join(map(str, project.worlds)) or DEFAULT_WORLDS
+        keys_off: tuple[str, ...] = ()
+    else:
+        keys_off = ("worlds",)
+    return spec_from_args(args, project, base_matrix=None if args.matrix else default_matrix_path(),
+                          project_keys_off=keys_off)
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.matrix is None:
-        args.matrix = default_matrix_path()
     out = Path(args.out)
     try:
         if out.exists() and not out.is_dir():
             raise ClipcheckInputError(f"--out {args.out}: not a directory")
-        problem = timeout_problem(args.timeout)
-        if problem:
-            raise ClipcheckInputError(problem)
-        launches, skipped = plan_launches(args, out)
+        project = project_defaults()
+        resolve_timeout(args, project)
+        spec = matrix_spec(args, project)
+        launches, skipped = plan_launches(args, out, spec)
         if not launches:
             raise ClipcheckInputError("nothing to launch" + "".join(f"; {line}" for line in skipped))
         out.mkdir(parents=True, exist_ok=True)
@@ -231,14 +248,15 @@ def main(argv: Sequence[str]) -> int:
         print_error(exc)
         return EXIT_USAGE
     with claim:
-        return _run_all(args, out, launches, skipped)
+        return _run_all(args, out, launches, skipped, spec)
 
 
-def _run_all(args: argparse.Namespace, out: Path, launches: list[Launch], skipped: list[str]) -> int:
+def _run_all(args: argparse.Namespace, out: Path, launches: list[Launch], skipped: list[str],
+             spec: MatrixSpec) -> int:
     for line in skipped:
         print(f"skipped: {line}", flush=True)
     spec_path = out / "matrix.json"
-    spec_path.write_text(json.dumps(spec_from_args(args).to_mapping(), indent=1))
+    spec_path.write_text(json.dumps(spec.to_mapping(), indent=1))
 
     flags = launch_flags(args)
     # whether each launch's launcher (and so its ranks) is forked from this process

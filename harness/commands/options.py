@@ -9,15 +9,21 @@ from pathlib import Path
 
 from harness.report.safe_text import one_line
 from harness.judge.blame import BLAME_MODES
-from harness.cases.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix
+from harness.cases.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix_values
+from harness.commands.project import ProjectDefaults
+from harness.errors import ClipcheckInputError
+from harness.run.watchdog import timeout_problem
+
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:
     """What to run: the matrix axes (``matrix.AXES``). Shared by every command that plans cases."""
     p.add_argument("--matrix", metavar="PATH", default=None, help="matrix file (TOML or JSON); flags override it")
     add_axis_flags(p)
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds a collective may block before the case fails (default 60)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds a collective may block before the case fails (default: [tool.clipcheck] timeout, "
+                        f"else {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--blame", nargs="?", choices=BLAME_MODES, const="all", default="auto",
                    help="for a case with a wrong norm, re-run the target one parameter group at a time and print "
                         "the weight it gives each: auto (the default) weighs each layout, target, norm and dtype "
@@ -33,9 +39,29 @@ def add_spawn_ranks_option(p: argparse.ArgumentParser) -> None:
                         "target whose import differs per rank")
 
 
-def spec_from_args(args: argparse.Namespace) -> MatrixSpec:
-    base = load_matrix(args.matrix) if args.matrix else MatrixSpec()
-    return base.merged(flag_overrides(args))
+def spec_from_args(args: argparse.Namespace, project: ProjectDefaults | None = None,
+                   base_matrix: str | None = None, project_keys_off: tuple[str, ...] = ()) -> MatrixSpec:
+    """The spec of a command, layer over layer, each replacing what it sets: ``base_matrix`` (a
+    command's built-in matrix file), ``[tool.clipcheck]`` less ``project_keys_off`` (what the command
+    decides itself), the ``--matrix`` file, the flags."""
+    spec = MatrixSpec()
+    if base_matrix:
+        spec = spec.updated(load_matrix_values(base_matrix))
+    if project is not None:
+        spec = spec.updated(project.without(*project_keys_off))
+    if args.matrix:
+        spec = spec.updated(load_matrix_values(args.matrix))
+    return spec.merged(flag_overrides(args))
+
+
+def resolve_timeout(args: argparse.Namespace, project: ProjectDefaults, default: float = DEFAULT_TIMEOUT_S) -> None:
+    """``args.timeout``: the flag, else ``[tool.clipcheck]``'s, else ``default``; one that cannot be a
+    timeout is a ClipcheckInputError (one line)."""
+    if args.timeout is None:
+        args.timeout = project.timeout if project.timeout is not None else default
+    problem = timeout_problem(args.timeout)
+    if problem:
+        raise ClipcheckInputError(problem)
 
 
 def unwritable(path: str | None) -> str | None:

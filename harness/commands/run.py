@@ -30,8 +30,9 @@ from harness.run.devices import world_problem
 from harness.run.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.run.execute import Executor
-from harness.commands.options import add_selection_options, print_error, quiet_torch_warnings, \
-    results_files_problem, spec_from_args
+from harness.commands.options import DEFAULT_TIMEOUT_S, add_selection_options, print_error, quiet_torch_warnings, \
+    resolve_timeout, results_files_problem, spec_from_args
+from harness.commands.project import project_defaults
 from harness.cases.plan import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
@@ -104,6 +105,8 @@ def _run_rank(args: argparse.Namespace, plan: Plan | None) -> int:
     backend = args.backend or default_backend()
     error = None
     try:
+        project = project_defaults()
+        resolve_timeout(args, project)
         error = usage_problem(args, backend, world_size, rank)
         if error is None and args.replay:
             from harness.commands.replay import replay_on_pool, replay_plan
@@ -113,7 +116,7 @@ def _run_rank(args: argparse.Namespace, plan: Plan | None) -> int:
                                       args.targets or ())
             plan = replay_plan(args.replay, world_size, args.targets or ())
         elif error is None and plan is None:
-            plan = plan_cases(spec_from_args(args), world_size, backend)
+            plan = plan_cases(spec_from_args(args, project, project_keys_off=("worlds",)), world_size, backend)
     except ClipcheckInputError as exc:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - user code imported while planning may raise anything
@@ -122,7 +125,7 @@ def _run_rank(args: argparse.Namespace, plan: Plan | None) -> int:
     # error on one rank only (its import of the target failed) is reported, with its rank, by rank 0
     agree = world_size > 1 and "MASTER_ADDR" in os.environ
     # a timeout that is itself the error cannot time the exchange that reports it
-    timeout = 60.0 if timeout_problem(args.timeout) else args.timeout
+    timeout = DEFAULT_TIMEOUT_S if timeout_problem(args.timeout) else args.timeout
     world = DistWorld(backend, timeout, start=False) if agree or error is None else None
     errors = [error] if world is None else [
         s["error"] for s in world.allgather_json("startup", {"error": error}, world.timeout_s + 60)]
@@ -147,7 +150,8 @@ def usage_problem(args: argparse.Namespace, backend: str, world_size: int, rank:
     cannot run (nccl without CUDA, fewer GPUs than ranks, more ranks than its cores take) is bad input
     here: a single run was asked for exactly that world (the matrix and the plugin skip it instead).
     Only this machine's own ranks count (``LOCAL_WORLD_SIZE``: a job may span nodes)."""
-    problem = world_problem(_local_world_size(world_size), backend) or timeout_problem(args.timeout)
+    timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout  # None: not resolved yet
+    problem = world_problem(_local_world_size(world_size), backend) or timeout_problem(timeout)
     if problem:
         return problem
     if args.start_at < 0:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, cast
 
 from harness.judge.verdicts import count
+from harness.report.failures import replay_command
 from harness.report.safe_text import lines
 
 # how bad a verdict is when cases are aggregated into one cell; an unknown verdict counts as an error
@@ -354,6 +355,14 @@ def _facts(rec: dict[str, Any]) -> list[tuple[str, str]]:
     return facts
 
 
+def _replay(rec: dict[str, Any]) -> str | None:
+    """The failing case's ``clipcheck run`` command (a fuzz record brings its own ``replay``)."""
+    try:
+        return replay_command(rec)
+    except (KeyError, TypeError, ValueError):  # a record from an older file, without every field
+        return None
+
+
 def _render_case(rec: dict[str, Any]) -> str:
     """One case in a cell's details: verdict, facts, failed checks, signatures, errors, replay."""
     verdict = _verdict(rec)
@@ -394,7 +403,7 @@ def _render_case(rec: dict[str, Any]) -> str:
                       if repro else "") + "</div>")
     elif verdict == "FAIL" and rec.get("synthetic"):
         out.append(f'<p class="quiet">synthetic layout (no known path reaches it: {_e(_text(rec["synthetic"]))})</p>')
-    replay = rec.get("replay")
+    replay = rec.get("replay") or (_replay(rec) if verdict in ("FAIL", "ERROR") else None)
     if isinstance(replay, str) and replay.strip():
         out.append('<div class="replay"><h5>replay <button type="button" class="copy" '
                    'title="copy to the clipboard">copy</button></h5>'

@@ -20,6 +20,7 @@ from harness.cases.variant import CaseSpec, bound_label
 from harness.judge.blame import blame_lines, blame_summary, blame_tolerance, weight_line
 from harness.judge.checks import CaseResult
 from harness.judge.tolerance import NORM_RTOL
+from harness.report.failures import metamorphic_spread
 from harness.report.junit import write_junit
 from harness.report.results_file import ResultsFile, report_problems
 from harness.report.safe_text import lines, one_line
@@ -147,6 +148,7 @@ class Reporter:
         self.verbose = verbose
         self.json = ResultsFile(json_path, append) if json_path else None
         self._noted: set[str] = set()
+        self._skips_shown: set[str | None] = set()
         self.records: list[Record] = []
 
     def _write_json(self, obj: Record) -> None:
@@ -194,8 +196,10 @@ class Reporter:
         )
         for check in result.failed:
             self._print(f"    {check.name}: {check.detail}".replace("\n", "\n      "))
-        if result.verdict == "SKIP":
-            self._print(f"    skipped: {case.skip}")
+        if result.verdict == "SKIP":  # the reason (often an install hint) once; its later cases point back to it
+            self._print(f"    skipped: {case.skip}" if case.skip not in self._skips_shown else
+                        "    skipped: the same reason as above")
+            self._skips_shown.add(case.skip)
         for line in result.signature:
             self._print(f"      signature: {line}")
         summary = blame_summary(result)
@@ -215,12 +219,14 @@ class Reporter:
         for g in groups:
             low = min(g.coefficients, key=g.coefficients.__getitem__)
             high = max(g.coefficients, key=g.coefficients.__getitem__)
+            record = metamorphic_json(g, self.backend)
             self._print(
-                f"  {g.scenario} {g.target} {g.norm_label} {g.dtype} over {len(g.coefficients)} layouts: "
-                f"coefficient gap {g.gap:.7f} {'PASS' if g.passed else 'FAIL'}"
+                f"  {g.scenario} {g.target} {g.norm_label} {g.dtype} {g.bound} over {len(g.coefficients)} layouts: "
+                f"{metamorphic_spread(record) if not g.passed else f'coefficient gap {g.gap:.7f}'} "
+                f"{'PASS' if g.passed else 'FAIL'}"
                 + ("" if g.gap == 0 else f"  [{low}: {g.coefficients[low]:.6f} .. {high}: {g.coefficients[high]:.6f}]")
             )
-            self._write_json(metamorphic_json(g, self.backend))
+            self._write_json(record)
 
     def finish(self, results: list[CaseResult] | None = None) -> int:
         """Metamorphic groups over the judged cases, the summary line and record, JUnit; the exit

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from harness.run.family import children_die_with_this_process, die_with_parent
 from harness.run.startup import share_the_cores
+from harness.run.torch_compat import LISTEN_FD_ON_LIBUV
 from harness.run.watchdog import timeout_problem
 from harness.run.world import DistWorld
 
@@ -101,7 +102,7 @@ def loopback_store(world_size: int, timeout_s: float) -> dist.TCPStore:
     fd = sock.detach()
     try:
         return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
-                             wait_for_workers=False, master_listen_fd=fd)
+                             wait_for_workers=False, master_listen_fd=fd, use_libuv=LISTEN_FD_ON_LIBUV)
     except Exception:
         os.close(fd)
         raise

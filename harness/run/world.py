@@ -38,6 +38,7 @@ from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey
 from harness.judge.checks import CaseResult
 from harness.run.truth_cache import TruthCache
+from harness.run.torch_compat import set_group_timeout
 
 
 class DeadRankError(RuntimeError):
@@ -103,8 +104,8 @@ def default_backend() -> str:
 
 def process_group_backend(backend: str) -> str:
     """The backend string the default group is created with. On GPUs it is ``cpu:gloo,cuda:nccl``,
-    so a user's clip that all-reduces a CPU scalar (as the README example does) works next to CUDA
-    gradients, as in torch's own distributed tests."""
+    so a user's clip that all-reduces a CPU scalar (as docs/writing-a-target.md's example does) works
+    next to CUDA gradients, as in torch's own distributed tests."""
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
@@ -222,7 +223,7 @@ class DistWorld:
             device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
             target = {axis: device_mesh.get_group(axis) for axis in spec.names}
             for group in target.values():
-                dist.distributed_c10d._set_pg_timeout(self._timeout, group)
+                set_group_timeout(self._timeout, group)
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, functools.partial(self._harness_twins, spec))
         return self._meshes[spec]
 

@@ -71,6 +71,7 @@ from harness.cases.context import CaseContext, context
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, stock, synthetic
+from harness.run.torch_compat import set_group_timeout
 
 from .stand_ins import cpu_stand_ins, deepep_usable, ensure_imported
 from .framework import FRAMEWORK as AUTOMODEL
@@ -106,7 +107,7 @@ def automodel_meshes(ctx: CaseContext, ep: int) -> tuple[DeviceMesh, DeviceMesh 
         for mesh in (device_mesh, moe_mesh, _dp_shard_cp(device_mesh)):
             for dim in range(mesh.ndim if mesh is not None else 0):
                 assert mesh is not None
-                dist.distributed_c10d._set_pg_timeout(timeout, mesh.get_group(dim))
+                set_group_timeout(timeout, mesh.get_group(dim))
     _MESHES[key] = (world, device_mesh, moe_mesh)
     return device_mesh, moe_mesh
 

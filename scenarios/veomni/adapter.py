@@ -65,6 +65,7 @@ from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
 from harness.targets.target import Finding, Target, synthetic, torch_max_drops_nan
+from harness.run.torch_compat import set_group_timeout
 
 from .framework import FRAMEWORK as VEOMNI
 from .scenario import BASE, EXPERTS, HIDDEN, INTERMEDIATE, LORA_RANK, NUM_EXPERTS, Q_OUT, VeomniSetup
@@ -145,7 +146,7 @@ def _parallel_state(ctx: CaseContext, setup: VeomniSetup) -> Any:
         meshes = [state.device_mesh] + [m for m in state.extra_parallel_fsdp_device_mesh.values() if m is not None]
         for mesh in meshes:
             for group in mesh.get_all_groups():
-                dist.distributed_c10d._set_pg_timeout(timeout, group)
+                set_group_timeout(timeout, group)
     return state
 
 

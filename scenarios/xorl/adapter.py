@@ -60,6 +60,7 @@ from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
 from harness.targets.target import Finding, Target, stock
+from harness.run.torch_compat import set_group_timeout
 
 from .framework import FRAMEWORK as XORL
 from .scenario import HIDDEN, INTERMEDIATE, RANK, XorlSetup
@@ -111,7 +112,7 @@ def _parallel_state(ctx: CaseContext, ep: int) -> None:
             timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
             for mesh in (state.device_mesh, state.ep_fsdp_device_mesh):
                 for group in mesh.get_all_groups() if mesh is not None else ():
-                    dist.distributed_c10d._set_pg_timeout(timeout, group)
+                    set_group_timeout(timeout, group)
     setattr(parallel_state, "_PARALLEL_STATE", _STATES[key])
 
 
