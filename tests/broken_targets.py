@@ -213,3 +213,235 @@ def drops_later_stages(model, *, max_norm, norm_type=2.0):
         local = 0.0
     return torch.tensor(reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type),
                         dtype=torch.float64)
+
+
+# -- issue 29, the red team's escapes: faults the judge did not see ------------------------------------------
+def _norm_then(model, max_norm, norm_type, scale):
+    """The reference's norm (gradients restored), then the gradients scaled by ``scale(grad, coefficient)``."""
+    saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for grad, before in saved:
+        grad.copy_(before)
+    if math.isfinite(total):
+        coefficient = min(1.0, max_norm / (total + 1e-6))
+        if coefficient < 1.0:
+            for grad, _ in saved:
+                scale(grad, coefficient, total)
+    return total
+
+
+def overflows_in_the_gradient_dtype(model, *, max_norm, norm_type=2.0):
+    """contract: scales in two steps in the gradient dtype, g.mul_(max_norm).div_(total + eps): in fp16,
+    a loss-scaled gradient times the bound overflows to inf before the division (the norm is finite)."""
+    return _norm_then(model, max_norm, norm_type, lambda g, c, total: g.mul_(max_norm).div_(total + 1e-6))
+
+
+def poisons_a_finite_case(model, *, max_norm, norm_type=2.0):
+    """contract: reports the right norm, then fills every gradient with NaN although the norm is finite."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        local_tensor(p.grad).fill_(math.nan)
+    return total
+
+
+def scales_then_raises(model, *, max_norm, norm_type=2.0):
+    """nonfinite: torch's order with error_if_nonfinite: scales every gradient by the (NaN or zero) coefficient
+    first, then raises the documented non-finite error on every rank: the step's gradients are already gone."""
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))  # leaves a non-finite case alone
+    if not math.isfinite(total):
+        for _, p in trainable_with_grads(model):
+            local_tensor(p.grad).mul_(math.nan if math.isnan(total) else 0.0)  # torch's max_norm / (inf + eps)
+        raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients is non-finite, so it "
+                           "cannot be clipped")
+    return total
+
+
+def unwraps_dtensor_grads(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then replaces each Replicate DTensor gradient by its local tensor, a plain one of
+    the same shape ('it needs no communication'): the values are right, but an optimizer built for DTensors
+    refuses the mix."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if hasattr(p.grad, "to_local") and all(pl.is_replicate() for pl in p.grad.placements):
+            p.grad = p.grad.to_local()
+    return total
+
+
+def wraps_plain_grads_as_dtensors(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then wraps each plain gradient as a Replicate DTensor on the case's mesh (the
+    'replicate the unplanned modules' fix), sharing its storage: same values, another kind of gradient."""
+    import harness
+    from torch.distributed.tensor import DTensor, Replicate
+
+    ctx = harness.context(model)
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if not isinstance(p.grad, DTensor):
+            p.grad = DTensor.from_local(p.grad, ctx.mesh, [Replicate()] * ctx.mesh.ndim, run_check=False)
+    return total
+
+
+def scales_into_a_new_tensor(model, *, max_norm, norm_type=2.0):
+    """contract: p.grad = p.grad * coefficient: the right values in a new tensor, not in place, so whatever
+    aliased the old gradient (a bucket, main_grad, an optimizer's view) keeps the unscaled one."""
+    saved = {n: local_tensor(p.grad).clone() for n, p in trainable_with_grads(model)}
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for n, p in trainable_with_grads(model):
+        scaled = local_tensor(p.grad).clone()
+        local_tensor(p.grad).copy_(saved[n])
+        if hasattr(p.grad, "to_local"):
+            from torch.distributed.tensor import DTensor
+
+            p.grad = DTensor.from_local(scaled, p.grad.device_mesh, p.grad.placements, run_check=False,
+                                        shape=p.grad.shape, stride=p.grad.stride())
+        else:
+            p.grad = scaled
+    return total
+
+
+def sparse_gradients(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, then replaces each plain gradient by its sparse COO version (same shape, dtype
+    and device): the harness's own reads once crashed on it, every case."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for _, p in trainable_with_grads(model):
+        if not hasattr(p.grad, "to_local"):
+            p.grad = p.grad.to_sparse()
+    return total
+
+
+def returns_a_huge_int(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, returns the int 10**400 (float() raises OverflowError, not TypeError)."""
+    reference(model, max_norm=max_norm, norm_type=norm_type)
+    return 10**400
+
+
+def zero_grads_for_frozen_params(model, *, max_norm, norm_type=2.0):
+    """created: clips right, then materializes zero gradients for the FROZEN parameters (requires_grad
+    False) only, so a fused optimizer sees one flat list: weight decay and moments now move them."""
+    total = reference(model, max_norm=max_norm, norm_type=norm_type)
+    for p in model.parameters():
+        if not p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return total
+
+
+def rescales_five_seconds_later(model, *, max_norm, norm_type=2.0):
+    """contract: clips right, and a callback it registers scales the gradients once more 5 s later (an
+    end-of-step hook on a slow worker): right when it returns, scaled by the coefficient squared after."""
+    import threading
+
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    if math.isfinite(total) and max_norm / (total + 1e-6) < 1.0:
+        grads = [local_tensor(p.grad) for _, p in trainable_with_grads(model)]
+        coefficient = max_norm / (total + 1e-6)
+        threading.Timer(5.0, lambda: [g.mul_(coefficient) for g in grads]).start()
+    return total
+
+
+def leaves_grad_mode_off(model, *, max_norm, norm_type=2.0):
+    """contract: torch.set_grad_enabled(False) as a statement instead of ``with torch.no_grad()``, never
+    restored: the next forward builds no graph (and the next target of these ranks runs without one)."""
+    torch.set_grad_enabled(False)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def leaves_default_dtype_fp64(model, *, max_norm, norm_type=2.0):
+    """contract: torch.set_default_dtype(torch.float64) 'for exact accumulation', never restored: every
+    tensor the training creates afterwards is float64, and a later target's float32 slip is hidden."""
+    torch.set_default_dtype(torch.float64)
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def coefficient_in_default_dtype(model, *, max_norm, norm_type=2.0):
+    """coefficient: the coefficient computed as a default-dtype tensor, torch.tensor(max_norm) / (total + eps):
+    float32, so fp64 gradients are scaled by a coefficient rounded to float32 (exact only if the default
+    dtype is float64)."""
+    saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    coefficient = torch.tensor(max_norm) / (total + 1e-6)
+    for grad, before in saved:
+        grad.copy_(before)
+        if math.isfinite(total) and float(coefficient) < 1.0:
+            grad.mul_(coefficient.to(grad.device))
+    return total
+
+
+def rewrites_the_plan(model, *, max_norm, norm_type=2.0):
+    """raised: a correct clip that first 'resolves' the framework plan in place, writing the true placements
+    into the plan it was handed (ctx.declared), as plan-applying code mutates its plan dict: the plan is
+    read-only (TypeError), so it cannot change how later targets are judged."""
+    import harness
+
+    ctx = harness.context(model)
+    for spec in ctx.layout.trainable:
+        for axis in ctx.mesh_spec.names:
+            ctx.declared[spec.name][axis] = spec.placement(axis)  # type: ignore[index]
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def _counted(model, max_norm, norm_type, params, copies):
+    """The reference's reduction and clip over ``params`` (name, parameter), each weighted 1/copies(name, p)."""
+    from harness.clipmath import reduce_root_and_clip, weighted_partial
+
+    local = weighted_partial(params, norm_type, copies)
+    return torch.tensor(reduce_root_and_clip(local, [p for _, p in trainable_with_grads(model)], max_norm=max_norm,
+                                             norm_type=norm_type), dtype=torch.float64)
+
+
+def assumes_plain_grads_replicated(model, *, max_norm, norm_type=2.0):
+    """norm: when any gradient is a DTensor, takes every plain gradient for a DP replica (the 'unplanned
+    modules are replicated' assumption): sharded plain weights beside DTensor biases are counted once."""
+    import harness
+
+    ctx = harness.context(model)
+    params = trainable_with_grads(model)
+    mixed = any(hasattr(p.grad, "to_local") for _, p in params)
+    return _counted(model, max_norm, norm_type, params,
+                    lambda n, p: ctx.world_size if mixed and not hasattr(p.grad, "to_local")
+                    else ctx.true_replica_count(n))
+
+
+def counts_tied_weights_twice(model, *, max_norm, norm_type=2.0):
+    """norm: walks named_parameters(remove_duplicate=False): a Parameter registered under two names on one
+    rank (a head tied to an embedding) is counted twice."""
+    import harness
+
+    ctx = harness.context(model)
+    names = {id(p): n for n, p in model.named_parameters()}  # the first name: the layout's
+    params = [(n, p) for n, p in model.named_parameters(remove_duplicate=False)
+              if p.requires_grad and p.grad is not None]
+    return _counted(model, max_norm, norm_type, params, lambda n, p: ctx.true_replica_count(names[id(p)]))
+
+
+def inf_norm_without_empty_guard(model, *, max_norm, norm_type=2.0):
+    """raised: the inf norm as max over g.abs().max() of every local gradient, with no guard for an empty
+    one (a zero-size parameter, an empty FSDP shard): max() of nothing raises on every rank."""
+    if math.isinf(norm_type):
+        for _, p in trainable_with_grads(model):
+            local_tensor(p.grad).abs().max()
+    return reference(model, max_norm=max_norm, norm_type=norm_type)
+
+
+def coefficient_in_param_dtype(model, *, max_norm, norm_type=2.0):
+    """coefficient: scales by the coefficient rounded to the PARAMETER's dtype, g.mul_(c.to(p.dtype)): exact
+    while gradients and parameters share a dtype, a bf16-rounded factor on fp32 gradients of bf16 weights."""
+    saved = [(p, local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
+    total = float(reference(model, max_norm=max_norm, norm_type=norm_type))
+    for p, before in saved:
+        local_tensor(p.grad).copy_(before)
+    if math.isfinite(total) and max_norm / (total + 1e-6) < 1.0:
+        for p, _ in saved:
+            local_tensor(p.grad).mul_(torch.tensor(max_norm / (total + 1e-6)).to(p.dtype))
+    return total
+
+
+_CALLS: list[int] = []
+
+
+def clips_on_odd_calls_only(model, *, max_norm, norm_type=2.0):
+    """coefficient: counts its calls as micro-steps (gradient accumulation of 2) and clips only on odd calls,
+    reporting the right norm every time: the even calls leave gradients that needed clipping unscaled."""
+    _CALLS.append(1)
+    if len(_CALLS) % 2:
+        return reference(model, max_norm=max_norm, norm_type=norm_type)
+    return _norm_then(model, max_norm, norm_type, lambda g, c, total: None)

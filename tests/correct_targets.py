@@ -33,9 +33,12 @@ TORCH_NONFINITE_MESSAGE = (
 
 # -- shared helpers ---------------------------------------------------------------------------------
 def _held(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(name, rank-local gradient) for every trainable parameter with a gradient on this rank; the
-    local gradient is a view of the DTensor's local shard where the gradient is a DTensor."""
-    return [(n, local_tensor(p.grad)) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    """(name, rank-local gradient) for every trainable parameter with a non-empty gradient on this rank;
+    the local gradient is a view of the DTensor's local shard where the gradient is a DTensor. Empty
+    ones (a zero-size parameter, an empty shard) are left out: they add nothing, and torch's inf norm
+    kernels refuse them."""
+    held = [(n, local_tensor(p.grad)) for n, p in model.named_parameters() if p.requires_grad and p.grad is not None]
+    return [(n, g) for n, g in held if g.numel() > 0]
 
 
 def _f64(values: list[float]) -> torch.Tensor:
@@ -302,3 +305,41 @@ def foreach_kernels(model, *, max_norm, norm_type=2.0):
     for group in by_dtype.values():
         torch._foreach_mul_([g for _, g in group], coefficient)
     return torch.tensor(norm, dtype=torch.float64)
+
+
+# -- issue 29's red team: correct clips the judge once failed ------------------------------------------------
+_BUILT_AT_INIT: list[dist.ProcessGroup] = []
+
+
+def group_built_once(model, *, max_norm, norm_type=2.0):
+    """Framework style: its reduction group is created once, on its first call ('at init', as Megatron's
+    parallel_state and DeepSpeed's groups are), and used for the life of the process; raise policy for a
+    non-finite norm (every rank, after the reduction, gradients untouched). A harness that rebuilds the
+    world after a documented raise kills the group under it."""
+    if not _BUILT_AT_INIT:
+        _BUILT_AT_INIT.append(dist.new_group(list(range(dist.get_world_size()))))
+    norm = _all_reduce_norm(*_weighted_partial(model, norm_type), norm_type, group=_BUILT_AT_INIT[0])
+    if not math.isfinite(norm):
+        raise RuntimeError("The total norm of gradients is non-finite, so it cannot be clipped")
+    _clip_if_finite(model, max_norm, norm)
+    return norm
+
+
+def returns_a_default_dtype_tensor(model, *, max_norm, norm_type=2.0):
+    """Norm and clip exact in float64, but returned as torch.tensor(norm): a tensor of the default dtype,
+    float32, so at fp64 the reported value is one float32 rounding from the exact norm (a reporting
+    precision, not a wrong clip)."""
+    norm = _all_reduce_norm(*_weighted_partial(model, norm_type), norm_type)
+    _clip_if_finite(model, max_norm, norm)
+    return torch.tensor(norm)
+
+
+def raise_in_apex_words(model, *, max_norm, norm_type=2.0):
+    """Raise, apex/DeepSpeed-flavoured: after the reduction, on every rank, gradients untouched,
+    FloatingPointError('NaNs/Infs detected in the gradients; refusing to clip') (a wording the judge once
+    read as a crash)."""
+    norm = _all_reduce_norm(*_weighted_partial(model, norm_type), norm_type)
+    if not math.isfinite(norm):
+        raise FloatingPointError("NaNs/Infs detected in the gradients; refusing to clip")
+    _clip_if_finite(model, max_norm, norm)
+    return norm

@@ -46,4 +46,56 @@ def test_a_deleted_gradient_is_vanished_and_an_absent_one_is_ignored():
     post = grads(kept=[1.0], deleted=None, absent=[3.0])
     out = applied_coefficients(pre, post)
     assert out["vanished"] == ["deleted"] and set(out["scale"]) == {"kept"}
-    assert applied_coefficients(grads(x=[1.0]), grads(x=None)) == {"scale": {}, "vanished": ["x"]}
+    assert applied_coefficients(grads(x=[1.0]), grads(x=None)) == {"scale": {}, "vanished": ["x"],
+                                                                    "became_nonfinite": []}
+
+
+def test_a_gradient_finite_before_and_non_finite_after_is_named_and_one_non_finite_before_is_not():
+    inf, nan = float("inf"), float("nan")
+    pre = grads(overflowed=[60000.0, 1.0], poisoned=[0.0, 0.0], was_nan=[nan, 1.0], fine=[2.0, -1.0])
+    post = grads(overflowed=[inf, 0.5], poisoned=[nan, nan], was_nan=[nan, nan], fine=[1.0, -0.5])
+    out = applied_coefficients(pre, post)
+    assert out["became_nonfinite"] == ["overflowed", "poisoned"] and set(out["scale"]) == {"fine"}, out
+
+
+def test_a_gradient_replaced_by_a_new_tensor_is_told_from_one_scaled_in_place():
+    import torch.nn as nn
+
+    from harness.run.aftermath import ModelState
+
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    before = ModelState.of(model)
+    first, second = list(model.parameters())[:2]
+    first.grad.mul_(0.5)  # in place
+    second.grad = second.grad * 0.5  # a new tensor with the same values
+    after = ModelState.of(model)
+    assert before.replaced(after) == ["0.bias"] and before.wrapper_changes(after) == {}
+
+
+def test_a_sparse_gradient_is_mangled_and_a_huge_int_return_is_a_type_fault():
+    import pytest
+
+    from harness.run.effects import mangled_reason
+    from harness.targets.target import reported_value
+
+    dense = torch.ones(2, 3)
+    assert mangled_reason(dense, dense.to_sparse()) == "layout strided -> sparse_coo"
+    assert mangled_reason(dense, dense * 2) is None
+    with pytest.raises(TypeError, match="too large for a float"):
+        reported_value(10**400)
+
+
+def test_a_changed_global_torch_setting_is_named_and_restored():
+    from harness.run.aftermath import GlobalState, global_state_fault
+
+    before = GlobalState.of()
+    try:
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+        fault = global_state_fault(before)
+        assert fault is not None and "grad mode True -> False" in fault and "default dtype float32 -> float64" in fault
+        assert GlobalState.of() == before and global_state_fault(before) is None
+    finally:
+        before.restore()

@@ -279,6 +279,82 @@ def test_only_a_documented_nonfinite_raise_passes_a_nonfinite_case():
     assert "raised" in failed(partial)
 
 
+@pytest.mark.parametrize("message", [
+    "RuntimeError: gradient norm is not finite; skipping step",
+    "FloatingPointError: NaNs/Infs detected in the gradients; refusing to clip",
+    "RuntimeError: global norm is non finite",
+    "ValueError: found nan in the gradients",
+    "RuntimeError: Infs in the gradient norm",
+])
+def test_a_raise_in_other_words_for_non_finite_passes(message):
+    """Issue 29 red team F1: 'not finite', 'NaNs/Infs', 'non finite' were read as crashes."""
+    documented, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g, errors=(message + " (at clip.py:3)",) * 3)
+    assert documented.verdict == "PASS", [(c.name, c.detail) for c in documented.failed]
+
+
+def test_a_rejected_raise_says_why():
+    """Issue 29 red team M6: a raise rejected for its message says so."""
+    arbitrary, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g,
+                         errors=("ValueError: broken on purpose (at x.py:3)",) * 3)
+    detail = next(c.detail for c in arbitrary.failed if c.name == "raised")
+    assert "does not say non-finite" in detail and "rank(s) [0, 1, 2]" in detail, detail
+
+
+def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding():
+    """Issue 29 red team F3: an exact fp64 norm returned as torch.tensor(norm) (float32) failed at fp64."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
+    case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
+                    "t", 2.0, 0.5)
+    truth, scale = correct(case)
+    rounded = float(torch.tensor(truth, dtype=torch.float32))
+    assert abs(rounded - truth) / truth > 1e-9  # outside fp64's own tolerance
+    result, _ = judge(case, [rounded, rounded], scale)
+    assert failed(result) == {"norm"}  # a Python float: fp64 precision, so this is wrong
+    stats = simulated_stats(case.layout, case.injection, 2.0)
+    rep = true_replication(case.layout)
+    records = [dict(rank_record(case, r, rounded, scale), precision="fp32") for r in range(2)]
+    assert evaluate(case, truth, truth, stats, rep, rep, records).verdict == "PASS"
+    off = [dict(rank_record(case, r, truth * (1 + 1e-6), scale), precision="fp32") for r in range(2)]
+    assert "norm" in failed(evaluate(case, truth, truth, stats, rep, rep, off))  # beyond one float32 rounding
+
+
+def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
+    """Issue 29 red team M1: 'scaled by 0.25, expected 0.25' and 'reported/true rank 0: 1' hid the failing
+    quantity (a float32 rounding at fp64): the details print the relative error and the tolerance."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
+    case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
+                    "t", 2.0, 0.5)
+    truth, _ = correct(case)
+    c32 = float(torch.tensor(clip_coefficient(case.max_norm, truth), dtype=torch.float32))
+    result, _ = judge(case, [truth * (1 + 1e-7)] * 2, lambda r, n, g: g * c32)
+    details = {c.name: c.detail for c in result.failed}
+    assert "relative error up to 1e-07 > tolerance 1e-09" in details["norm"], details
+    assert "relative error" in details["coefficient"] and "> tolerance" in details["coefficient"], details
+
+
+def test_a_reported_max_norm_is_signed_as_the_norm_after_clipping():
+    """Issue 29 red team M2: reporting min(total, max_norm) read as '1/sqrt(4): a group counted once'."""
+    case = dense_case()
+    truth, scale = correct(case)
+    assert case.max_norm < truth
+    result, _ = judge(case, [case.max_norm] * 2, scale)
+    assert result.signature == ["equals max_norm: the norm after clipping reported, not the norm before it"]
+
+
+def test_no_replica_factor_is_read_into_a_layout_without_replicas():
+    """Issue 29 red team M3: 'sqrt(2): a group counted ... times' on a layout where nothing is replicated."""
+    layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3), dp=Shard(0)), param("b", (4,), dp=Shard(0))))
+    case = CaseSpec(0, "test", Variant("dp=2 sharded", layout, Injection(seed=2), declared_from_layout(layout)),
+                    "t", 2.0, 100.0)
+    truth = constructive_norm(layout, case.injection, 2.0)
+    result, _ = judge(case, [truth * 2**0.5] * 2, lambda r, n, g: g)
+    assert "norm" in failed(result) and not any("counted" in line for line in result.signature), result.signature
+    replicated = dense_case()
+    rtruth, scale = correct(replicated)
+    doubled, _ = judge(replicated, [rtruth * 2**0.5] * 2, scale)
+    assert any("counted dp_size times instead of once" in line for line in doubled.signature), doubled.signature
+
+
 def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     case = partial_case()
     none_returned, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan,
@@ -286,6 +362,38 @@ def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
     assert {"contract", "nonfinite"} <= failed(none_returned)
     deleted, _ = judge(case, [math.nan] * 3, lambda r, n, g: None)
     assert {"contract", "nonfinite"} <= failed(deleted) and "lost its gradient" in deleted.checks[1].detail
+
+
+def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract():
+    """Issue 29 red team E1: an fp16 overflow in ``g.mul_(max_norm)``, or a NaN fill, once passed: the
+    factor fit skips non-finite gradients and the non-finite check only runs when the truth is not finite."""
+    case = dense_case()
+    truth, scale = correct(case)
+    overflowed, _ = judge(case, [truth, truth],
+                          lambda r, n, g: scale(r, n, g) * math.inf if n == "a" else scale(r, n, g))
+    assert failed(overflowed) == {"contract"}
+    assert "rank 0: a became non-finite (inf/NaN) in the clip" in overflowed.failed[0].detail, overflowed.failed[0].detail
+    poisoned, _ = judge(case, [truth, truth], lambda r, n, g: g.fill_(math.nan))
+    assert "contract" in failed(poisoned) and "rank 0: a, b became non-finite" in poisoned.failed[0].detail
+    # with a non-finite truth a NaN gradient is a policy (poison), not a contract fault
+    nan_case = dense_case(nonfinite=[("a", 0, "nan")])
+    poison, _ = judge(nan_case, [math.nan, math.nan], lambda r, n, g: g * math.nan)
+    assert poison.verdict == "PASS", [(c.name, c.detail) for c in poison.failed]
+
+
+def test_a_documented_raise_after_touching_the_gradients_fails_the_nonfinite_check():
+    """Issue 29 red team E2: scaling (or poisoning) the gradients first and raising a documented non-finite
+    error afterwards left the step's gradients destroyed; a raise passes only if every holder left them."""
+    case = partial_case()
+    words = ("RuntimeError: The total norm of order 2.0 for gradients is non-finite, so it cannot be clipped",) * 3
+    left, _ = judge(case, [None] * 3, lambda r, n, g: g, errors=words)
+    assert left.verdict == "PASS"
+    scaled_first, _ = judge(case, [None] * 3, lambda r, n, g: g * 0.5, errors=words)
+    assert failed(scaled_first) == {"nonfinite"}
+    detail = scaled_first.failed[0].detail
+    assert "changed their gradients before raising" in detail and "ranks [0, 1]" in detail, detail
+    one_rank_touched, _ = judge(case, [None] * 3, lambda r, n, g: g * math.nan if r == 1 else g, errors=words)
+    assert failed(one_rank_touched) == {"nonfinite"} and "ranks [1]" in one_rank_touched.failed[0].detail
 
 
 def test_a_mangled_gradient_is_a_contract_failure_not_a_crash():

@@ -230,3 +230,114 @@ def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
     assert described[0] == ("rank 0 exited with code 1 (DeadRankError: rank(s) [1] did not report for startup "
                             "within 120 s: they hung or died)")
     assert described.get(1, "rank 1 was killed by SIGTERM") == "rank 1 was killed by SIGTERM"
+
+
+CORRECT = "tests/correct_targets.py"
+RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where it once passed
+    "overflows_in_the_gradient_dtype": ("dense_edges", "loss-scaled", "fp16"),
+    "poisons_a_finite_case": ("dense_dp", "fsdp dtensor", "fp32"),
+    "scales_then_raises": ("dense_dp", "fsdp n", "fp32"),  # the NaN and inf layouts
+    "unwraps_dtensor_grads": ("dense_edges", "replicated dtensor", "fp32"),
+    "wraps_plain_grads_as_dtensors": ("dense_edges", "replicated dtensor", "fp32"),
+    "scales_into_a_new_tensor": ("dense_dp", "fsdp dtensor", "fp32"),
+    "zero_grads_for_frozen_params": ("xorl_ep_lora", "ep=2", "fp32"),  # frozen base experts, LoRA trainable
+    "rescales_five_seconds_later": ("dense_dp", "fsdp dtensor", "fp32"),  # a thread still alive after the case
+    "leaves_grad_mode_off": ("dense_dp", "replicated", "fp32"),
+    "leaves_default_dtype_fp64": ("dense_dp", "replicated", "fp32"),
+    "sparse_gradients": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
+    "returns_a_huge_int": ("dense_dp", "replicated", "fp32"),  # once a rank crash, every case
+}
+CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:raise_in_apex_words", f"{CORRECT}:poison_on_nonfinite",
+                    f"{CORRECT}:skip_step_on_nonfinite", f"{CORRECT}:gathered_sum_leave_nonfinite",
+                    f"{CORRECT}:grad_dtype_accumulation", f"{CORRECT}:foreach_kernels"]
+
+
+@pytest.mark.parametrize("name", sorted(RED_TEAM))
+def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently_pass(tmp_path, name):
+    scenario, variant, dtype = RED_TEAM[name]
+    run = run_clipcheck(2, ["--scenario", scenario, "--variant", variant, "--dtype", dtype, "--norm-type", "2",
+                            "--clip-ratio", "0.5", "--target", ",".join([f"{BROKEN}:{name}", *CORRECT_POLICIES])],
+                        tmp_path, timeout=240)
+    faulty = run.cases(target=f"{BROKEN}:{name}")
+    assert faulty and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in faulty), \
+        [(c["layout"], c["checks"]) for c in faulty]
+    passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
+    assert passing and all(c["verdict"] == "PASS" for c in passing), \
+        [(c["target"], c["layout"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]
+
+
+def test_a_raise_on_every_rank_keeps_the_groups_a_target_built_once(tmp_path):
+    """Issue 29 red team F2: after any case in which a rank raised (a documented non-finite raise included),
+    every group was destroyed and rebuilt, so a clip that builds its group once, at init, as Megatron and
+    DeepSpeed do, failed every later case. A raise on every rank leaves nobody waiting: nothing is rebuilt."""
+    once = f"{CORRECT}:group_built_once"
+    run = run_clipcheck(2, [*ONE_CASE, "--variant", "fsdp", "--target",
+                            f"{BROKEN}:raise_everywhere,{once},{CORRECT}:raise_on_nonfinite,{once}"],
+                        tmp_path, timeout=240)
+    assert all(c["verdict"] == "FAIL" for c in run.cases(target=f"{BROKEN}:raise_everywhere")), run.stdout
+    cases = run.cases(target=once)
+    assert len(cases) == 2 * FSDP_LAYOUTS and all(c["verdict"] == "PASS" for c in cases), \
+        [(c["layout"], failed_checks(c)) for c in cases if c["verdict"] != "PASS"]
+
+
+def test_a_global_setting_a_target_leaves_changed_is_restored_for_the_next_target(tmp_path):
+    """Issue 29 red team E10b: a default dtype left at float64 made the next target's float32 coefficient exact,
+    so ``mutant-fp32-copy``-like slips passed at fp64 after it; the harness restores what the target changed."""
+    run = run_clipcheck(2, [*ONE_CASE[:2], "--variant", "replicated", "--dtype", "fp64", "--norm-type", "2",
+                            "--clip-ratio", "0.5", "--target",
+                            f"{BROKEN}:leaves_default_dtype_fp64,{BROKEN}:coefficient_in_default_dtype"], tmp_path)
+    leak = run.cases(target=f"{BROKEN}:leaves_default_dtype_fp64")
+    assert leak and "default dtype float32 -> float64" in leak[0]["checks"]["contract"]["detail"], leak[0]["checks"]
+    slipped = run.cases(target=f"{BROKEN}:coefficient_in_default_dtype")
+    assert slipped and all(c["verdict"] == "FAIL" and "coefficient" in failed_checks(c) for c in slipped), \
+        [(c["layout"], c["checks"]) for c in slipped]
+
+
+def test_a_target_cannot_rewrite_the_plan_later_targets_are_judged_on(tmp_path):
+    """Issue 29 red team E9: a target writing the true placements into ctx.declared (the variant's shared plan)
+    made a later plan-trusting target pass (xorl-style: 10 FAIL alone, 0 after it). The plan is read-only."""
+    args = ["--scenario", "xorl_ep_lora", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5"]
+    alone = run_clipcheck(2, [*args, "--target", "xorl-style"], tmp_path)
+    after = run_clipcheck(2, [*args, "--target", f"{BROKEN}:rewrites_the_plan,xorl-style"], tmp_path)
+    fails = [sum(c["verdict"] == "FAIL" for c in run.cases(target="xorl-style")) for run in (alone, after)]
+    assert fails[0] > 0 and fails[0] == fails[1], fails
+    rewriting = after.cases(target=f"{BROKEN}:rewrites_the_plan")
+    assert rewriting and all("TypeError" in c["checks"]["raised"]["detail"] for c in rewriting)
+
+
+EDGE_LAYOUTS = {  # issue 29 red team E11: a clip wrong only on dense_edges' newer layouts -> the variant
+    "assumes_plain_grads_replicated": "plain sharded weights, replicated dtensor biases",
+    "counts_tied_weights_twice": "tied head, empty parameter",
+    "inf_norm_without_empty_guard": "tied head, empty parameter",
+    "coefficient_in_param_dtype": "bf16 parameters",
+}
+
+
+def test_the_edge_layouts_fail_the_clips_wrong_only_there_and_pass_the_correct_ones(tmp_path):
+    run = run_clipcheck(2, ["--scenario", "dense_edges", "--dtype", "fp32", "--clip-ratio", "0.5", "--target",
+                            ",".join([*(f"{BROKEN}:{name}" for name in EDGE_LAYOUTS), *CORRECT_POLICIES])],
+                        tmp_path, timeout=400)
+    for name, variant in EDGE_LAYOUTS.items():
+        cases = run.cases(target=f"{BROKEN}:{name}")
+        # counting mistakes do not move a maximum; the missing guard is on the inf path only
+        there = [c for c in cases if variant in c["layout"]
+                 and (c["clip_ratio"] == 0.5 if name.startswith("coefficient")  # nothing to scale at x2
+                      else (c["norm"] == "Linf") == name.startswith("inf"))]
+        assert there and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in there), \
+            (name, [(c["layout"], c["norm"], failed_checks(c)) for c in there])
+        elsewhere = [c for c in cases if variant not in c["layout"] and "x64" not in c["layout"]]
+        assert all(c["verdict"] == "PASS" for c in elsewhere), (name, [c["layout"] for c in elsewhere
+                                                                       if c["verdict"] != "PASS"])
+    passing = [c for t in CORRECT_POLICIES for c in run.cases(target=t)]
+    assert passing and all(c["verdict"] == "PASS" for c in passing), \
+        [(c["target"], c["layout"], c["norm"], failed_checks(c)) for c in passing if c["verdict"] != "PASS"]
+
+
+def test_a_clip_that_skips_every_other_call_fails_the_fixed_cases(tmp_path):
+    """Issue 29 red team: each target's fixed cases alternated x0.5, x2, so 'clip only on odd calls' skipped
+    exactly the cases that need no clipping and passed every one; every other bound group is now reversed."""
+    run = run_clipcheck(2, ["--scenario", "dense_dp", "--variant", "fsdp", "--dtype", "fp32", "--norm-type", "2,inf",
+                            "--target", f"{BROKEN}:clips_on_odd_calls_only"], tmp_path)
+    ratios = [c["clip_ratio"] for c in run.cases()]
+    assert ratios[:4] == [0.5, 2.0, 2.0, 0.5], ratios
+    assert any(c["verdict"] == "FAIL" and "coefficient" in failed_checks(c) for c in run.cases()), run.stdout

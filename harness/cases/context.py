@@ -8,6 +8,7 @@ framework would know (its mesh, its process groups, its own parallel plan) is re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 import torch
@@ -44,6 +45,7 @@ class CaseContext:
     groups: Mapping[str, dist.ProcessGroup]
     world: "DistWorld | None" = None
     extras: dict = field(default_factory=dict)  # what a target's dress() leaves for its clip call
+    _declared: DeclaredPlan | None = field(default=None, init=False, repr=False)
 
     @property
     def layout(self) -> Layout:
@@ -55,7 +57,12 @@ class CaseContext:
 
     @property
     def declared(self) -> DeclaredPlan:
-        return self.case.variant.declared
+        """A read-only copy of the variant's plan: the plan itself is shared by every target and case of
+        the variant and read by the judge, so a target that "resolves" it in place (writing the
+        placements it derived back into it) must not change how later targets are set up or judged."""
+        if self._declared is None:
+            self._declared = read_only_plan(self.case.variant.declared)
+        return self._declared
 
     def group(self, axis: str) -> dist.ProcessGroup:
         self.mesh_spec.index(axis)  # a clear error for an unknown axis
@@ -80,6 +87,11 @@ class CaseContext:
     def true_replica_count(self, name: str) -> int:
         """Ranks holding the same slice of ``name`` as this rank, by the true layout."""
         return self.layout.replica_count(self.layout.param(name), self.rank)
+
+
+def read_only_plan(plan: DeclaredPlan) -> DeclaredPlan:
+    """``plan`` copied into mappings that refuse writes (``TypeError`` on assignment)."""
+    return MappingProxyType({name: MappingProxyType(dict(axes)) for name, axes in plan.items()})
 
 
 def attach(model: nn.Module, ctx: CaseContext) -> None:

@@ -267,8 +267,8 @@ class Layout:
         for spec in self.params:
             if spec.pieces is not None:
                 continue  # a measured parameter: ``_validate_pieces``
-            if any(s < 1 for s in spec.shape):
-                raise LayoutError(f"parameter {spec.name!r} has an empty dim in shape {spec.shape}")
+            if any(s < 0 for s in spec.shape):  # a zero-size parameter is legal (empty local gradients)
+                raise LayoutError(f"parameter {spec.name!r} has a negative dim in shape {spec.shape}")
             for axis, placement in spec.placements:
                 if not self.mesh.has(axis):
                     raise LayoutError(

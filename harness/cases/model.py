@@ -54,6 +54,12 @@ def _parameter_pattern(shape: tuple[int, ...], dtype: torch.dtype, device: torch
     return (1 + (torch.arange(math.prod(shape), device=device) % 8) / 8).to(dtype).reshape(shape)
 
 
+def install_parameter(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
+    """Register ``parameter`` at the dotted path ``dotted`` under ``root`` (a second name for a
+    parameter already in the model ties the two)."""
+    _install(root, dotted, parameter)
+
+
 def _install(root: nn.Module, dotted: str, parameter: nn.Parameter) -> None:
     *path, leaf = dotted.split(".")
     module = root

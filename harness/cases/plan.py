@@ -99,6 +99,7 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
         plan.dropped[f"backend {backend} is not in the matrix {list(spec.backends)}"] += 1
         return plan
 
+    groups: Counter[str] = Counter()  # bound groups planned per target, across scenarios
     for name, scenario in scenarios.items():
         targets_here = []
         for target_name in spec.targets or scenario.default_targets:
@@ -140,7 +141,13 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                         plan.dropped[f"target {target_name} supports norm types "
                                      f"{', '.join(norm_label(n) for n in resolved.norm_types)} only"] += 1
                         continue
-                    for max_norm, ratio in bounds(spec, variant, norm_type):
+                    # every other group of a target's bounds in reverse (x0.5, x2, x2, x0.5, ...): a clip that
+                    # clips only on odd (or even) calls meets a case that needs clipping on both parities
+                    ordered = bounds(spec, variant, norm_type)
+                    if groups[target_name] % 2:
+                        ordered.reverse()
+                    groups[target_name] += 1
+                    for max_norm, ratio in ordered:
                         plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
                                                    max_norm, skips[target_name], ratio))
     if spec.variant and not plan.cases:

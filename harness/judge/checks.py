@@ -34,7 +34,7 @@ from harness.cases.layout import MeshSpec, Replicate, Shard
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
 from harness.judge.records import CaseResult, Check, Replication, StatsTable, Verdict
 from harness.judge.signatures import Evidence, explain, holds_on
-from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
+from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, norm_rtol, uniformity_bound
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
@@ -91,8 +91,19 @@ def _names(names: Sequence[str], limit: int = 6) -> str:
     return text
 
 
+def _full_names(names: Sequence[str], limit: int = 3) -> str:
+    """Parameter names in full (``layers.0.weight``), the first ``limit`` of them and how many in all."""
+    text = ", ".join(names[:limit])
+    return text + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
 def _collateral(error: str) -> bool:
     return any(marker in error for marker in _COLLATERAL)
+
+
+def is_collateral(error: str) -> bool:
+    """The error is a consequence of another rank's failure (a connection closed under it, a timeout)."""
+    return _collateral(error)
 
 
 def describe_errors(errors: Sequence[str | None]) -> str:
@@ -112,11 +123,12 @@ def describe_errors(errors: Sequence[str | None]) -> str:
 
 
 
-NONFINITE_ERROR = re.compile(r"non-?finite|\bnan\b|\binf(inite|inity)?\b|overflow", re.IGNORECASE)
+NONFINITE_ERROR = re.compile(r"non[- ]?finite|not finite|\bnans?\b|\binf(s|inite|inity)?\b|overflow", re.IGNORECASE)
 """What makes an exception a *deliberate* answer to a non-finite gradient: its message says so, as
 torch's ``clip_grad_norm_(error_if_nonfinite=True)`` ("... is non-finite, so it cannot be clipped")
-and DeepSpeed's overflow checks do. Raising on every rank with such a message passes a non-finite
-case; any other exception, or a harness-detected fault, never does."""
+and DeepSpeed's overflow checks do ("not finite", "NaNs/Infs detected", "non finite" too). Raising
+on every rank with such a message passes a non-finite case; any other exception, or a
+harness-detected fault, never does."""
 
 
 def _message(error: str) -> str:
@@ -126,6 +138,11 @@ def _message(error: str) -> str:
 
 def _fmt(x: float | None) -> str:
     return "none" if x is None else f"{x:.6g}"
+
+
+def _fmt_rel(x: float) -> str:
+    """A relative error, readable at any size (6e-08 as well as 0.3)."""
+    return f"{x:.2g}"
 
 
 @dataclass
@@ -176,9 +193,21 @@ class Judgement:
 
     def documented_nonfinite_raise(self) -> bool:
         """Every rank raised, each with a message that names the non-finite gradient."""
-        errors = self.errors
-        return (not self.finite_truth and len(self.raised) == len(self.records) and not self.collateral
-                and all(NONFINITE_ERROR.search(_message(e or "")) for e in errors))
+        return self.undocumented_because() is None
+
+    def undocumented_because(self) -> str | None:
+        """Why the raises are not a documented answer to a non-finite gradient, or None when they are."""
+        if self.finite_truth:
+            return "the true norm is finite: there was nothing to refuse"
+        if len(self.raised) != len(self.records):
+            return f"only ranks {self.raised} raised: a documented raise comes from every rank"
+        if self.collateral:
+            return f"ranks {sorted(self.collateral)} failed in consequence of another rank's error"
+        silent = [r for r, e in enumerate(self.errors) if not NONFINITE_ERROR.search(_message(e or ""))]
+        if silent:
+            return (f"the message of rank(s) {silent} does not say non-finite (nan, inf, not finite, overflow), so "
+                    "the raise reads as a crash, not a deliberate refusal")
+        return None
 
 
 Outcome = tuple[bool, str] | None
@@ -226,12 +255,17 @@ def judge_raised(j: Judgement) -> Outcome:
     to a non-finite gradient, nothing else.)"""
     if not j.raised:
         return None
-    return j.documented_nonfinite_raise(), describe_errors(j.errors)
+    why = j.undocumented_because()
+    shown = why is not None and not j.finite_truth  # in a finite case a raise is simply a raise
+    return why is None, describe_errors(j.errors) + (f" (not accepted as a non-finite refusal: {why})" if shown else "")
 
 
 def judge_contract(j: Judgement) -> Outcome:
     """Faults the harness detects on a rank that did not raise: a return value of the wrong type, a
-    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype."""
+    destroyed default process group, gradients deleted or replaced by tensors of another shape/dtype
+    or wrapper (plain <-> DTensor), or replaced at all rather than scaled in place, and, when the true
+    norm is finite, gradients the clip itself made non-finite (an overflow in the gradient dtype, a NaN
+    fill: every one of them was finite before the call)."""
     problems = []
     for r, rec in enumerate(j.records):
         if rec["error"] is not None:
@@ -243,6 +277,13 @@ def judge_contract(j: Judgement) -> Outcome:
             problems.append(f"rank {r}: {name} gradient replaced by another tensor ({why})")
         for name in local["vanished"]:
             problems.append(f"rank {r}: {name} lost its gradient (set to None)")
+        if local["replaced"]:
+            problems.append(f"rank {r}: gradient of {_full_names(local['replaced'])} replaced, not scaled in place "
+                            "(a new tensor: whatever aliased the old one keeps the unscaled values)")
+        if j.finite_truth and local["became_nonfinite"]:
+            names = local["became_nonfinite"]
+            problems.append(f"rank {r}: {_full_names(names)} became non-finite (inf/NaN) in the clip, though every "
+                            "gradient was finite before it and the true norm is finite")
     more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
     return not problems, "; ".join(problems[:4]) + more
 
@@ -291,11 +332,22 @@ def judge_norm(j: Judgement) -> Outcome:
         return None
     reported, truth = j.reported, j.truth
     rtol = tolerance(j.dtype, j.elements)
-    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtol)]
+    rtols = [rank_rtol(rtol, rec.get("precision")) for rec in j.records]
+    bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtols[r])]
     if not bad:
         return True, ""
     ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
-    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4])
+    errors = [abs(x - 1.0) for x in ratios.values() if x is not None]
+    off = f" (relative error up to {_fmt_rel(max(errors))} > tolerance {rtols[bad[0]]:.2g})" if errors else ""
+    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]) + off
+
+
+def rank_rtol(rtol: float, precision: str | None) -> float:
+    """The norm tolerance for a value returned in ``precision`` (``targets.target.reported_precision``):
+    a norm computed right and returned in a narrower type than the case's (a float32 tensor of an fp64
+    norm, torch.tensor(total) with the default dtype) is one rounding of that type further away; what
+    the clip did with it is the coefficient check's to judge."""
+    return rtol + (UNIT_ROUNDOFF[precision] if precision in UNIT_ROUNDOFF else 0.0)
 
 
 def judge_agree(j: Judgement) -> Outcome:
@@ -338,7 +390,9 @@ def judge_coefficient(j: Judgement) -> Outcome:
             uniform = residual <= uniformity_bound(j.dtype, elements)
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
-                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g}")
+                why = (f"relative error {_fmt_rel(off)} > tolerance {ctol:.2g}" if off > ctol else
+                       f"residual {residual:.2g} > bound {uniformity_bound(j.dtype, elements):.2g}")
+                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g} ({why})")
     return worst is None, "" if worst is None else worst[1]
 
 
@@ -388,7 +442,8 @@ def _outcome(j: Judgement, r: int) -> str:
 def judge_nonfinite(j: Judgement) -> Outcome:
     """With a non-finite gradient every rank must take the same deliberate action: report a
     non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
-    gradients, or raise a documented non-finite error on every rank."""
+    gradients, or raise a documented non-finite error on every rank, before touching any gradient
+    (``leave`` on every holder: a clip that scales, then raises, has already changed the step)."""
     if j.finite_truth:
         return None
     outcomes = [_outcome(j, r) for r in range(len(j.records))]
@@ -396,7 +451,14 @@ def judge_nonfinite(j: Judgement) -> Outcome:
     holders = [set(p) for p in policies if p is not None]
     shared = set.intersection(*holders) if holders else {"any"}
     if all(o == "raised-nonfinite" for o in outcomes) and not j.collateral:
-        return True, ""
+        # a raise is the answer only if it came before any scaling: every holder left its gradients as they were
+        touched = [r for r, p in enumerate(policies) if p is not None and "leave" not in p]
+        if not touched:
+            return True, ""
+        return False, (f"every rank raised a non-finite error, but ranks {touched} changed their gradients before "
+                       "raising (a raise must leave them untouched): per rank " + ", ".join(
+                           f"{r}: {'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
+                           for r, p in enumerate(policies)))
     ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
     detail = "" if ok else "per rank: " + ", ".join(
         f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
@@ -407,7 +469,7 @@ def judge_nonfinite(j: Judgement) -> Outcome:
 CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("truth", judge_truth, reads=("stale_truth", "undelivered")),
     CheckSpec("raised", judge_raised),
-    CheckSpec("contract", judge_contract, reads=("mangled", "vanished")),
+    CheckSpec("contract", judge_contract, reads=("mangled", "vanished", "became_nonfinite", "replaced")),
     CheckSpec("params", judge_params, reads=("params_changed",)),
     CheckSpec("created", judge_created, reads=("created",)),
     CheckSpec("late", judge_late, reads=("late",)),
@@ -438,8 +500,17 @@ def _evidence(j: Judgement, mismatches: list[str], norm: Check | None) -> Eviden
         declared_mismatches=mismatches,
         unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
+        max_norm=j.case.max_norm,
+        replica_counts=replica_counts(j.case),
     )
     return evidence
+
+
+def replica_counts(case: CaseSpec) -> frozenset[int]:
+    """Every true replica count above 1 that a gradient of ``case`` has on some rank."""
+    layout = case.layout
+    return frozenset(count for spec in layout.trainable for rank in range(layout.mesh.world_size)
+                     if layout.is_present(spec, rank) and (count := layout.replica_count(spec, rank)) > 1)
 
 
 def signature_of(result: CaseResult) -> list[str]:

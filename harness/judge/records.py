@@ -277,6 +277,11 @@ class Evidence:
     """Per mesh axis of size > 1: what each rank reports when the reduction skips that axis."""
     replicas_counted: Mapping[str, float] = field(default_factory=dict)
     """Per mesh axis of size > 1: the norm with copies along that axis counted as distinct."""
+    max_norm: float | None = None
+    """The case's bound: a clip that reports the norm after clipping reports it (when it clipped)."""
+    replica_counts: frozenset[int] | None = None
+    """The true replica counts (> 1) the layout's gradients have on some rank: the only group sizes a
+    replica-factor reading may name (None: any, for evidence built without a layout)."""
 
 
 @dataclass

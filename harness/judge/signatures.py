@@ -9,7 +9,7 @@ reported only when its value matches what the target reported, within the dtype'
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 from harness.clipmath import is_inf_norm
 from harness.cases.layout import MeshSpec
@@ -40,7 +40,9 @@ def replica_factor(ratio: float, evidence: Evidence, rtol: float) -> str | None:
     """ratio == k^(-1/p): a group counted once instead of k times; k^(1/p): k times instead of once."""
     if is_inf_norm(evidence.norm_type) or not math.isfinite(ratio) or ratio <= 0:
         return None
-    for k in range(2, max(evidence.mesh.world_size, 2) + 1):
+    sizes = range(2, max(evidence.mesh.world_size, 2) + 1) if evidence.replica_counts is None \
+        else sorted(evidence.replica_counts)  # a layout without replicas: no group can be miscounted
+    for k in sizes:
         under = k ** (-1.0 / evidence.norm_type)
         if norms_agree(ratio, under, rtol):
             phrase = _power_phrase(k, evidence.norm_type, inverse=True)
@@ -91,6 +93,9 @@ def candidates(evidence: Evidence, n: int) -> list[tuple[str, list[float]]]:
     return out
 
 
+CLIPPED_NORM = "equals max_norm: the norm after clipping reported, not the norm before it"
+
+
 def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[str]:
     """The replica-factor reading of the ratio, plus the hypotheses that best match the reports.
 
@@ -105,6 +110,10 @@ def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[
     if not reported or not math.isfinite(truth) or truth == 0:
         return []
     found: list[str] = []
+    clipped = evidence.max_norm is not None and evidence.max_norm < truth
+    if clipped and _mismatch(reported, [cast(float, evidence.max_norm)] * len(reported)) <= rtol:
+        # the bound is the harness's own choice (x0.5 of the truth): that it equals 1/sqrt(4) is no replica count
+        return [CLIPPED_NORM]
     factor = replica_factor(reported[0] / truth, evidence, rtol)
     if factor:
         found.append(factor)

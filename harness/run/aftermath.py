@@ -35,19 +35,32 @@ SETTLE_S = 2.0
 still running after that is named; it is checked once more before the next case)."""
 
 
+PLAIN = "a plain tensor"
+"""The wrapper text of a gradient that is not a DTensor."""
+
+
 @dataclass(frozen=True)
 class ModelState:
-    """What a clip must not change besides gradient values: parameter flags and gradient wrappers."""
+    """What a clip must not change besides gradient values: parameter flags, gradient wrappers (plain
+    or DTensor, and the DTensor's metadata) and the storage each local gradient lives in."""
 
     requires_grad: dict[str, bool]
     wrappers: dict[str, str]
-    """A DTensor gradient's wrapper as text (global shape, dtype, placements), by parameter name."""
+    """Every gradient's wrapper as text, by parameter name: ``PLAIN``, or a DTensor's global shape, dtype
+    and placements. An optimizer (torch's AdamW, foreach or not) refuses a mix of plain and DTensor
+    gradients it was not built for, so a plain gradient becoming a DTensor, or the reverse, is a fault."""
+    storage: dict[str, int] = field(default_factory=dict)
+    """Every gradient's local storage address (``data_ptr``): a clip scales in place; ``p.grad = p.grad * c``
+    gives the right values in a new tensor, and whatever aliases the old one (a framework's bucket, its
+    ``main_grad``, an optimizer's view) keeps the unscaled gradient."""
 
     @classmethod
     def of(cls, model: nn.Module) -> "ModelState":
         params = dict(model.named_parameters())
+        grads = {n: p.grad for n, p in params.items() if p.grad is not None}
         return cls({n: p.requires_grad for n, p in params.items()},
-                   {n: wrapper_text(p.grad) for n, p in params.items() if isinstance(p.grad, DTensor)})
+                   {n: wrapper_text(g) for n, g in grads.items()},
+                   {n: _address(local_tensor(g)) for n, g in grads.items()})
 
     def flag_changes(self, after: "ModelState") -> dict[str, str]:
         """Parameters whose ``requires_grad`` changed (or that vanished), with how."""
@@ -55,23 +68,56 @@ class ModelState:
                 for n, flag in self.requires_grad.items() if after.requires_grad.get(n) != flag}
 
     def wrapper_changes(self, after: "ModelState") -> dict[str, str]:
-        """DTensor gradients whose wrapper now says another shape, dtype or placement."""
-        return {n: f"its DTensor wrapper says {after.wrappers[n]}, was {meta}"
-                for n, meta in self.wrappers.items() if n in after.wrappers and after.wrappers[n] != meta}
+        """Gradients whose wrapper changed kind (plain <-> DTensor), or whose DTensor wrapper now says
+        another shape, dtype or placement."""
+        changes = {}
+        for n, meta in self.wrappers.items():
+            now = after.wrappers.get(n)
+            if now is None or now == meta:
+                continue
+            if PLAIN in (now, meta):
+                changes[n] = f"it is now {_kind(now)}, was {_kind(meta)}"
+            else:
+                changes[n] = f"its DTensor wrapper says {now}, was {meta}"
+        return changes
+
+    def created(self, after: "ModelState") -> list[str]:
+        """Parameters, trainable or frozen, without a gradient before the call and with one after it."""
+        return [n for n in after.wrappers if n not in self.wrappers]
+
+    def replaced(self, after: "ModelState") -> list[str]:
+        """Gradients present before and after whose local tensor now lives in other storage."""
+        return [n for n, ptr in self.storage.items() if n in after.storage and after.storage[n] != ptr]
 
 
-def wrapper_text(grad: DTensor) -> str:
+def _address(t: torch.Tensor) -> int:
+    """Where a gradient's values live; -1 for a tensor without strided storage (sparse: ``mangled``)."""
+    return t.data_ptr() if t.layout == torch.strided else -1
+
+
+def _digest(t: torch.Tensor) -> str:
+    return bits_digest(t) if t.layout == torch.strided else f"layout {t.layout}"
+
+
+def _kind(text: str) -> str:
+    return text if text == PLAIN else f"a DTensor {text}"
+
+
+def wrapper_text(grad: torch.Tensor) -> str:
+    if not isinstance(grad, DTensor):
+        return PLAIN
     return f"{tuple(grad.shape)} {str(grad.dtype).replace('torch.', '')} {list(map(str, grad.placements))}"
 
 
 def fingerprint(model: nn.Module, names: Sequence[str]) -> dict[str, str]:
-    """Digests of the model as the clip left it: each trainable gradient's local bytes, each
-    parameter's local bytes, flags and gradient wrappers."""
+    """Digests of the model as the clip left it: each gradient's local bytes (``names`` first, then
+    every other parameter's, a frozen one's included: its gradient must stay None), each parameter's
+    local bytes, flags and gradient wrappers."""
     params = dict(model.named_parameters())
     out: dict[str, str] = {}
-    for name in names:
+    for name in [*names, *(n for n in params if n not in set(names))]:
         grad = params[name].grad if name in params else None
-        out[f"gradient {name}"] = "none" if grad is None else bits_digest(local_tensor(grad))
+        out[f"gradient {name}"] = "none" if grad is None else _digest(local_tensor(grad))
     for name, p in params.items():
         # the local tensor, never an op on the DTensor: after a failed case the groups it was made with are
         # gone, and a DTensor op would cache a plan naming them for the next case's DTensors
@@ -126,3 +172,53 @@ class LateWatch:
     def changes(self) -> list[str]:
         with torch.no_grad():
             return late_changes(self.baseline, fingerprint(self.model, self.names))
+
+
+@dataclass(frozen=True)
+class GlobalState:
+    """The process-wide torch settings a clip must leave as it found them: a clip that turns grad mode off
+    (``torch.set_grad_enabled(False)`` as a statement) or sets the default dtype to float64 "for exact
+    accumulation" and never restores it changes the training around it, and every later target of the
+    same ranks too (one that computes its coefficient as a default-dtype tensor then passes at fp64).
+    Snapshot before the call, compared after it (a ``contract`` fault naming what changed), then restored."""
+
+    grad_enabled: bool
+    default_dtype: torch.dtype
+    default_device: str
+    deterministic: bool
+    deterministic_warn_only: bool
+    anomaly: bool
+
+    @classmethod
+    def of(cls) -> "GlobalState":
+        return cls(torch.is_grad_enabled(), torch.get_default_dtype(), str(torch.get_default_device()),
+                   torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                   torch.is_anomaly_enabled())
+
+    def changes(self, after: "GlobalState") -> list[str]:
+        """What differs, as ``grad mode True -> False``, ``default dtype float32 -> float64`` ..."""
+        words = {"grad_enabled": "grad mode", "default_dtype": "default dtype", "default_device": "default device",
+                 "deterministic": "deterministic algorithms", "deterministic_warn_only": "deterministic warn-only",
+                 "anomaly": "anomaly detection"}
+        out = []
+        for key, word in words.items():
+            old, new = getattr(self, key), getattr(after, key)
+            if old != new:
+                out.append(f"{word} {str(old).replace('torch.', '')} -> {str(new).replace('torch.', '')}")
+        return out
+
+    def restore(self) -> None:
+        torch.set_grad_enabled(self.grad_enabled)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_default_device(None if self.default_device == "cpu" else self.default_device)
+        torch.use_deterministic_algorithms(self.deterministic, warn_only=self.deterministic_warn_only)
+        torch.autograd.set_detect_anomaly(self.anomaly)
+
+
+def global_state_fault(before: GlobalState) -> str | None:
+    """The fault of a call that changed the process-wide torch settings (restored now), or None."""
+    changed = before.changes(GlobalState.of())
+    if not changed:
+        return None
+    before.restore()
+    return f"changed the process-wide torch settings and left them so ({'; '.join(changed)}; restored now)"

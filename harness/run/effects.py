@@ -30,7 +30,9 @@ POLICIES = ("leave", "zero", "poison")
 
 
 def mangled_reason(before: torch.Tensor, after: torch.Tensor) -> str | None:
-    """Why ``after`` cannot be the same gradient as ``before`` (shape, dtype, device), or None."""
+    """Why ``after`` cannot be the same gradient as ``before`` (layout, shape, dtype, device), or None."""
+    if after.layout != before.layout:  # a sparse gradient: the harness's own reads would crash on it
+        return f"layout {str(before.layout).replace('torch.', '')} -> {str(after.layout).replace('torch.', '')}"
     if tuple(after.shape) != tuple(before.shape):
         return f"shape {tuple(before.shape)} -> {tuple(after.shape)}"
     if after.dtype != before.dtype:
@@ -113,10 +115,12 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
 def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
-    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...]}``;
+    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...], "became_nonfinite": [...]}``;
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
-    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor.
+    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor; those
+    finite before the call and non-finite after it are named in ``became_nonfinite`` (the clip itself
+    overflowed or poisoned them: wrong whenever the true norm is finite, ``checks.judge_contract``).
 
     Why one flat vector: the two sums every factor needs run over all parameters at once, segment
     by segment (per-parameter ops on small gradients cost more in dispatch than in arithmetic); a
@@ -126,7 +130,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
-        return {"scale": {}, "vanished": vanished}
+        return {"scale": {}, "vanished": vanished, "became_nonfinite": []}
     flat_pre = [_flat64(pre[n]) for n in names]
     flat_post = [_flat64(post[n]) for n in names]
     lengths = [t.numel() for t in flat_pre]
@@ -137,18 +141,23 @@ def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
 
     denoms, dots = total(a * a), total(a * b)
     scale: dict[str, list[float]] = {}
+    became_nonfinite: list[str] = []
     for name, a_j, b_j, denom, dot in zip(names, flat_pre, flat_post, denoms, dots):
         # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf
         # is NaN); finite sums prove finite values, and only non-finite sums (rare) are checked one by one
         sums_finite = math.isfinite(denom) and math.isfinite(dot)
-        if not sums_finite and not (bool(torch.isfinite(a_j).all()) and bool(torch.isfinite(b_j).all())):
-            continue
+        if not sums_finite:
+            finite_before = bool(torch.isfinite(a_j).all())
+            if not (finite_before and bool(torch.isfinite(b_j).all())):
+                if finite_before:
+                    became_nonfinite.append(name)
+                continue
         if denom == 0.0:
             continue
         c = dot / denom
         top = float(a_j.abs().max()) * max(abs(c), 1e-300)
         scale[name] = [c, float((b_j - c * a_j).abs().max()) / top, a_j.numel()]
-    return {"scale": scale, "vanished": vanished}
+    return {"scale": scale, "vanished": vanished, "became_nonfinite": became_nonfinite}
 
 
 def _flat64(t: torch.Tensor | None) -> torch.Tensor:
@@ -164,15 +173,18 @@ def rank_effects(
     nonfinite: bool,
     state_before: ModelState | None = None,
     state_after: ModelState | None = None,
+    in_place: bool = True,
 ) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
     """Everything this rank measured about the call, as the judge's checks read it (their ``reads``).
 
     Returns the sanitized post-call gradients (for the replication round) and the rank's ``local``
-    record: ``scale`` and ``vanished`` (applied coefficients), ``mangled`` (with DTensor gradients whose
-    wrapper changed), ``created`` (gradients where there were none: a frozen parameter, an expert that
-    got no tokens), ``params_changed`` (values, and ``requires_grad`` flags) and, in a case with a
-    non-finite gradient, ``policies``. One function, so the runner and the judge's unit tests build the
-    same record.
+    record: ``scale``, ``vanished`` and ``became_nonfinite`` (applied coefficients), ``mangled`` (with
+    gradients whose wrapper changed: plain <-> DTensor, or the DTensor's metadata), ``replaced``
+    (gradients now in other storage, not scaled in place; left empty for a target whose framework
+    legitimately writes new gradient tensors: ``Target.in_place``), ``created`` (gradients where there
+    were none: a frozen parameter, an expert that got no tokens), ``params_changed`` (values, and
+    ``requires_grad`` flags) and, in a case with a non-finite gradient, ``policies``. One function, so
+    the runner and the judge's unit tests build the same record.
     """
     post, mangled = sanitize(pre, after)
     if state_before is not None and state_after is not None:
@@ -184,7 +196,11 @@ def rank_effects(
     local = applied_coefficients(pre, post)
     local["vanished"] = [n for n in local["vanished"] if n not in mangled]
     local["mangled"] = mangled
+    local["replaced"] = ([n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
+                         if in_place and state_before is not None and state_after is not None else [])
     local["created"] = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    if state_before is not None and state_after is not None:  # frozen parameters too: not in ``pre``
+        local["created"] += [n for n in state_before.created(state_after) if n not in local["created"]]
     changed = changed_params(params_before, params_after)
     flags = state_before.flag_changes(state_after) if state_before is not None and state_after is not None else {}
     local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]

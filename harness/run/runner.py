@@ -13,7 +13,8 @@ Every rank executes the same collectives in the same order whatever the function
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
    (``dress``) gets the same guard around it, before the gradients are injected;
 4. check what the harness can see at once: the return type, the default process group;
-5. agree through the store whether any rank failed; if so, every rank builds a fresh generation;
+5. agree through the store whether any rank failed; if ranks disagree or one abandoned its groups (a
+   raise while a peer was still inside the call), every rank builds a fresh generation;
    if a rank hung, ``WorldBroken`` ends the run (the world cannot run another case);
 6. measure what the target did (``effects``; its flags and gradient wrappers, and what changes late,
    after the threads it started have finished: ``aftermath``) and whether true replicas are still identical
@@ -35,11 +36,11 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
+from harness.judge.checks import CaseResult, evaluate, is_collateral, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.devices import settle
-from harness.run.aftermath import LateWatch, ModelState, fingerprint, settled_changes
+from harness.run.aftermath import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
 from harness.run.effects import rank_effects, snapshot_params
 from harness.cases.model import generated_grads, local_grads
 from harness.run.delivery import expected_copies, undelivered
@@ -48,7 +49,7 @@ from harness.run.measure import digests_for_truth, gather_stats, pre_call_replic
 from harness.judge.truth import measured_norm
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario
-from harness.targets.target import Target, reported_value
+from harness.targets.target import Target, reported_precision, reported_value
 from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched
 from harness.run.world import DistWorld, WorldBroken
@@ -92,21 +93,28 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
         try:
             value = fn()
             settle(world.device)
-            return value, None, time.perf_counter() - start
         except Exception as exc:  # the code under test may raise anything
-            world.abandon()
-            return None, describe_exception(exc), time.perf_counter() - start
+            error = describe_exception(exc)
+            world.left_call(raised=True)  # abandons the groups unless every rank has left the call
+            return None, error, time.perf_counter() - start
+    world.left_call(raised=False)
+    return value, None, time.perf_counter() - start
 
 
 def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank learns every rank's status (through the store). A hung rank ends the run; any error
-    or broken default group means a fresh generation of groups on every rank."""
-    statuses = world.allgather_json(topic, status, world.exchange_deadline_s)
+    """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
+    abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
+    raise that a broken connection caused mean a fresh generation of groups on every rank. A raise on
+    every rank, nobody abandoned, keeps the groups: a target that built its own (once, as Megatron and
+    DeepSpeed do) still has them at its next call."""
+    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned), world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
     if hung:  # those that raised meanwhile are named too: often what left the others waiting
         raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
         raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
-    if any(s["error"] is not None or s.get("broken") for s in statuses):
+    failed = [s["error"] is not None for s in statuses]
+    if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
+            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
         world.regenerate()
     return statuses
 
@@ -166,18 +174,19 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
                                            world.store_round("replication"), world.device, layout.measured))
 
     default_group = dist.group.WORLD
-    state_before, threads_before = ModelState.of(model), set(threading.enumerate())
+    state_before, threads_before, settings = ModelState.of(model), set(threading.enumerate()), GlobalState.of()
     before = census()
     value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
-    reported, fault, broken = None, None, False
+    reported, fault, broken = None, global_state_fault(settings), False  # restored for what follows
     left = left_behind(before)  # processes: killed now (threads are waited for below: ``aftermath``)
     if error is None:
         try:
             reported = reported_value(value)
-        except TypeError as exc:  # reported at the user's function, not at the harness line that read it
-            fault = f"{exc} (returned by {where_defined(target.fn)})"
+        except (TypeError, ValueError, OverflowError) as exc:  # reported at the user's function, not the harness line
+            fault = "; ".join(filter(None, [f"{exc} (returned by {where_defined(target.fn)})", fault]))
     if not dist.is_initialized() or dist.group.WORLD is not default_group:
-        fault, broken = "the clip function destroyed or replaced the default process group", True
+        fault = "; ".join(filter(None, [fault, "the clip function destroyed or replaced the default process group"]))
+        broken = True
     if left is not None:  # a child process may have used this rank's groups: fresh ones for all
         fault, broken = "; ".join(filter(None, [fault, left])), True
     if any(s["error"] is not None or s.get("broken")
@@ -186,7 +195,8 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     post, local = rank_effects(pre, local_grads(model, names), params_before,
                                {n: local_tensor(p) for n, p in model.named_parameters()},
-                               bool(variant.injection.nonfinite), state_before, ModelState.of(model))
+                               bool(variant.injection.nonfinite), state_before, ModelState.of(model),
+                               in_place=target.in_place)
     baseline = fingerprint(model, names)
     late, running = settled_changes(threads_before, model, names, baseline)
     local["late"] = late
@@ -199,7 +209,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     local["stale_truth"] = stale_truth
     local["undelivered"] = undelivered_here
     record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
-                              "local": local}
+                              "local": local, "precision": reported_precision(value) if error is None else None}
     records = world.gather_json("record", record, world.exchange_deadline_s)
     if records is None:
         return None

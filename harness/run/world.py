@@ -12,7 +12,9 @@ Why it is built this way:
   failure cascades through ranks that were waiting on *them*. Every group has a timeout, so
   mismatched collectives (no exception anywhere) end too.
 * After any such failure every rank builds a fresh *generation* of groups on a new store prefix and
-  the run goes on with the next case.
+  the run goes on with the next case. A raise on *every* rank (a documented non-finite error) is not
+  such a failure: nobody is left waiting, so the groups, and those the target built, are kept
+  (``left_call``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ EXIT_STATUS_KEY = "clipcheck/exit_status"
 
 PEER_POST_WAIT_S = 5.0
 """How long a hung rank's watchdog waits for the other ranks' posts before it reports."""
+
+RAISED_WAIT_S = 2.0
+"""How long a rank whose target raised waits for every other rank to leave the same call (raised or
+returned) before it abandons its groups: when all of them left, nobody is blocked in a collective with
+it and the groups (the target's own included) survive; otherwise the wait only delays the peers'
+release by this much."""
 
 UNKNOWN_EXIT_STATUS = 3
 """What a rank leaves with when it cannot learn rank 0's (its store is gone): not judged here."""
@@ -148,6 +156,10 @@ class DistWorld:
         self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
         self.honest: dict[BlameKey, bool] = {}  # rank 0: whether a lying-plan case passed on the honest plan
         self._posted: list[str] = []
+        self._calls = 0
+        self._call_key: str | None = None
+        self.abandoned = False
+        """This rank abandoned its groups in the current generation (``abandon``): every rank must regenerate."""
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
         self._lock = threading.Lock()
@@ -230,11 +242,32 @@ class DistWorld:
         return mine
 
     # -- failure handling ---------------------------------------------------------------------------
+    def left_call(self, raised: bool) -> None:
+        """This rank has left a guarded call of the target (every rank calls this once per call, in the
+        same order). A rank whose target raised waits (``RAISED_WAIT_S``) for every other rank to have
+        left it too; if one has not, it may be blocked in a collective with us: abandon the groups so it
+        fails now. When every rank left (all raised, say a documented non-finite error), the groups, and
+        those the target built on them, are kept: nothing is regenerated (``runner._agree``)."""
+        self._calls += 1
+        tag = f"clipcheck/call/{self._calls}"
+        mine = f"{tag}/{self.rank}"
+        self.store.set(mine, "1")
+        if self._call_key is not None:  # every rank passed the exchange after that call: nobody waits on it
+            self.store.delete_key(self._call_key)
+        self._call_key = mine
+        if not raised:
+            return
+        try:
+            self.store.wait([f"{tag}/{r}" for r in range(self.world_size)], datetime.timedelta(seconds=RAISED_WAIT_S))
+        except Exception:  # noqa: BLE001 - the store's own timeout type: a peer is still inside the call
+            self.abandon()
+
     def abandon(self) -> None:
         """This rank's case failed: unblock peers waiting on us, then drop every group."""
         if dist.is_initialized():
             release_peers(self.backend, self.store_port)
         self.teardown()
+        self.abandoned = True
 
     def teardown(self) -> None:
         """Drop every group of this generation."""
@@ -250,6 +283,7 @@ class DistWorld:
         self.teardown()
         self.generation += 1
         self._init_generation()
+        self.abandoned = False
 
     def close(self) -> None:
         self.teardown()

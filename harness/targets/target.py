@@ -138,6 +138,10 @@ class Target:
       they arrived). None where the framework does nothing to gradients on the way to the clip.
     * ``findings``: what its known failures are (``Finding``), for the reports and the compatibility
       table.
+    * ``in_place``: whether its clip must scale each gradient in the storage it found it in (every clip,
+      so the default); False only for a framework whose own clip legitimately writes new gradient tensors
+      (ColossalAI's ZeRO: its clipped master partitions are gathered back into a fresh ``.grad``), whose
+      replaced gradients are then not a contract fault.
     * ``refuses``: ``refuses(variant) -> reason | None``, for layouts the framework itself rejects
       before any clip runs (torchtitan raises on weight tying under PP, say): such cases are dropped
       and counted with the reason, since judging a clip the framework never lets run says nothing.
@@ -156,6 +160,7 @@ class Target:
     backward: Callable[..., None] | None = None
     refuses: Callable[[Any], str | None] | None = None
     findings: tuple[Finding, ...] = ()
+    in_place: bool = True
 
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()
@@ -176,6 +181,7 @@ def _local_views(model: nn.Module) -> list[nn.Parameter]:
         if isinstance(p, DTensor):
             view = nn.Parameter(local_tensor(p).detach())
             assert p.grad is not None  # trainable_with_grads
+            view.grad_dtype = p.grad.dtype  # gradients may be wider than their parameters (bf16 with fp32 grads)
             view.grad = local_tensor(p.grad)
             p = view
         views.append(p)
@@ -201,6 +207,7 @@ def torch_dtensor(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) 
             placements = torch_placements(ctx.declared.get(name, {}), ctx.mesh_spec)
             wrapped = nn.Parameter(DTensor.from_local(p.detach(), ctx.mesh, placements, run_check=False))
             assert p.grad is not None  # trainable_with_grads
+            wrapped.grad_dtype = p.grad.dtype  # gradients may be wider than their parameters
             wrapped.grad = DTensor.from_local(p.grad, ctx.mesh, placements, run_check=False)
             p = wrapped
         params.append(p)
@@ -226,10 +233,22 @@ def torch_max_drops_nan(layouts: str) -> Finding:
                    norms=("Linf",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_inf_norm_drops_nan.py")
 
 
+def torch_inf_norm_of_empty(layouts: str) -> Finding:
+    """torch's foreach inf norm refuses an empty tensor: a zero-size parameter (or an empty local shard)."""
+    return Finding(layouts, None, "torch._foreach_norm raises 'cannot compute infinity norm on empty tensor': "
+                   "clip_grad_norm_(norm_type=inf) fails on every rank whose gradients include an empty one (a "
+                   "zero-size parameter, an empty FSDP shard), where the inf norm of nothing is 0",
+                   direct_call("torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=inf) with a zero-size "
+                               "parameter's gradient among params (observed on torch 2.13, CPU)"),
+                   norms=("Linf",), owner="pytorch/pytorch")
+
+
 TORCH_NORM_PARTIAL_DTYPE = (
     "torch's DTensor norm reduction (_NormPartial) raises each shard's norm to the power p in the gradient "
     "dtype before summing: with fp16 gradients a shard norm above sqrt(65504) = 256 squares to inf (a finite "
-    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%)")
+    "norm reported as inf, every gradient scaled by 0), one near 1e-3 to a subnormal (the norm off by ~1%); "
+    "the same at L1 (the sum of the shards' norms above 65504) and L3 (cubes overflow, or underflow to a norm "
+    "of 0), and with bf16 gradients the cubes lose precision (L3 off by ~2%)")
 
 
 def torch_norm_partial_fp16(layouts: str) -> Finding:
@@ -237,7 +256,8 @@ def torch_norm_partial_fp16(layouts: str) -> Finding:
     return Finding(layouts, None, TORCH_NORM_PARTIAL_DTYPE,
                    direct_call("clip_grad_norm_ / get_total_norm on sharded fp16 DTensor gradients (a model "
                                "fully_shard-ed with fp16 parameters, no fp32 gradient dtype)"),
-                   norms=("L2",), owner="pytorch/pytorch", repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
+                   norms=("L1", "L2", "L3"), owner="pytorch/pytorch",
+                   repro="scenarios/fsdp2/repro_fp16_norm_partial.py")
 
 
 BUILTIN_TARGETS: dict[str, Target] = {
@@ -256,7 +276,7 @@ BUILTIN_TARGETS: dict[str, Target] = {
         Target("torch-dtensor", torch_dtensor,
                "torch.nn.utils.clip_grad_norm_ on DTensor grads placed by the declared plan", dtensor_only=True,
                findings=(torch_max_drops_nan("*nan on last rank*"), torch_norm_partial_fp16("*loss-scaled*"),
-                         torch_norm_partial_fp16("*tiny*"))),
+                         torch_norm_partial_fp16("*tiny*"), torch_inf_norm_of_empty("*empty parameter*"))),
     )
 }
 
@@ -287,6 +307,24 @@ def reported_value(value: Any) -> float:
         if value.numel() != 1:
             raise TypeError(f"the clip function returned a tensor of shape {tuple(value.shape)}, expected one value")
         return float(value.detach().reshape(()).to(torch.float64).cpu())
-    if isinstance(value, (int, float)):
+    if isinstance(value, float):
         return float(value)
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # an int past float's range (10**400): a wrong return, not a harness crash
+            raise TypeError(f"the clip function returned an int of {value.bit_length()} bits, too large for a "
+                            "float") from None
     raise TypeError(f"the clip function returned {type(value).__name__}, expected a number or a tensor")
+
+
+_PRECISIONS = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def reported_precision(value: Any) -> str | None:
+    """The precision a returned norm was rounded to: a tensor's dtype ("fp32" for a float32 tensor), "fp64"
+    for a Python number, None for anything else. A norm computed exactly and returned as a float32 tensor
+    is one float32 rounding from the truth, which the norm check then allows (``checks.judge_norm``)."""
+    if isinstance(value, torch.Tensor):
+        return _PRECISIONS.get(value.dtype)
+    return "fp64" if isinstance(value, (int, float)) else None

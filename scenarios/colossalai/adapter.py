@@ -273,7 +273,7 @@ under ZeRO: fp32 cases are dropped."""
 TARGETS = (
     Target("colossalai", clip, "ColossalAI MoeHybridParallelZeroOptimizer.step (ZeRO-1, per-store norms, L2 only)",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
-           backward=backward, dtypes=_BF16_ONLY, norm_types=(2.0,),
+           backward=backward, dtypes=_BF16_ONLY, norm_types=(2.0,), in_place=False,  # _gather_back: new .grad
            findings=(
                Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the "
                        "MoE-ZeRO linear composition of the stores' norms (0.5.0 and HEAD, code)",
@@ -283,7 +283,7 @@ TARGETS = (
     Target("colossalai-inf", clip_inf,
            "ColossalAI ZeRO step() with norm_type=inf bound onto HybridParallelZeroOptimizer._compute_grad_norm",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
-           backward=backward, dtypes=_BF16_ONLY, norm_types=(math.inf,),
+           backward=backward, dtypes=_BF16_ONLY, norm_types=(math.inf,), in_place=False,
            findings=(
                Finding("*", "ColossalAI 0.5.0 inf branch (code; §6 row 33)",
                        "super()._compute_grad_norm(gradients, norm_type) without dp_pg: TypeError: object of type "
