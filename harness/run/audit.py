@@ -205,6 +205,8 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
         local["scale"] = scale
         local["vanished"] = [n for n in before if post.get(n) is None]
     local["vanished"] = [n for n in local["vanished"] if n not in mangled]
+    local["became_nonfinite"] = [n for n, s in after_stats.items() if n in before and before[n].finite and not s.finite]
+    local["replaced"] = []  # not judged: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
     flags = state_before.flag_changes(ModelState.of(model))
     changed = marks.changed(ParamMarks.of(list(model.named_parameters())))
     local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
@@ -411,7 +413,8 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
     if implied:  # a clip that returns nothing: its norm from the coefficient it applied to the group
         reported = _group_implied_norm(model, group, copies, max_norm)
     _agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
-    empty = {"scale": {}, "vanished": [], "mangled": {}, "created": [], "params_changed": [], "late": [],
+    empty = {"scale": {}, "vanished": [], "mangled": {}, "replaced": [], "became_nonfinite": [], "created": [],
+             "params_changed": [], "late": [],
              "stale_truth": False, "undelivered": [], "implied": implied and reported is not None}
     records = world.gather_json(f"audit-blame-record-{index}", {"reported": reported, "error": error, "fault": None,
                                                                 "seconds": seconds, "local": empty},
