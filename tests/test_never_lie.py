@@ -118,7 +118,8 @@ def test_an_interrupted_run_records_the_case_in_flight_and_a_summary(tmp_path, l
                                     "--nproc_per_node=2", "-m", "harness"])
     else:
         proc = start_harness(["run", "--nproc", "2", *args])
-    wait_until(lambda: any(r.get("target") == "reference" for r in jsonl(results)), 240, "the first case's record")
+    wait_until(lambda: any(r.get("type") == "case" and r.get("target") == "reference" for r in jsonl(results)), 240,
+               "the first case's record")  # its record, not its in_flight marker (which names the target too)
     out, err = _stop(proc, signal.SIGINT)
     records = jsonl(results)
     cut = [r for r in records if r["type"] == "case" and r["target"] == f"{FAULTS}:sleep_forever_on_rank1"]

@@ -35,9 +35,9 @@ the strategies and of hypothesis' own engine only."""
 FUZZ_HYPOTHESIS = "6.170.27"
 FUZZ_TORCH = (2, 13)
 """The hypothesis and torch releases the bounds were recorded with: hypothesis' engine decides which
-examples a seed draws, and torch's arithmetic whether a drawn example fails (on torch 2.15 the same
-seed found mutant-fp32-copy at example 40, not 3), so elsewhere only the budget holds (a mechanism
-must still be found within it)."""
+examples a seed draws, and torch's arithmetic can decide whether a drawn example fails, so elsewhere
+only the budget holds (a mechanism must still be found within it). What the judge checks moves the
+bounds too (a stricter check fails an earlier example): re-record them when the checks change."""
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,12 @@ CATALOGUE: tuple[Mechanism, ...] = (
               "1/sqrt(ep) on the parameters the plan forgot", "xorl_ep_lora", (1,), fuzz_needed=3),
     Mechanism("mutant-pp-max-reduce", "togethercomputer/xorl clip_gradients (code)",
               "reports the largest stage norm; each stage clipped by its own", "pipeline_stages", (3,),
-              fuzz_needed=124),
+              fuzz_needed=21),
     Mechanism("mutant-tp-replicas-summed", "xorl TP path (code); ROCm/TransformerEngine PR #715; "
               "NVIDIA-NeMo/RL PR #3788; NVIDIA/Megatron-LM PR #7359",
-              "x sqrt(tp) on TP-replicated parameters", "megatron_moe_tp", (4, 20, 22, 23), fuzz_needed=62),
+              "x sqrt(tp) on TP-replicated parameters", "megatron_moe_tp", (4, 20, 22, 23), fuzz_needed=7),
     Mechanism("mutant-stage-local-norm", "pytorch/torchtitan #596 -> PR #649; nvidia-cosmos/cosmos-rl PR #117/#120",
-              "each stage's own norm (1/sqrt(pp) for equal stages)", "pipeline_stages", (5, 49), fuzz_needed=107),
+              "each stage's own norm (1/sqrt(pp) for equal stages)", "pipeline_stages", (5, 49), fuzz_needed=21),
     Mechanism("mutant-reports-local-norm", "pytorch/torchtitan #766 -> PR #769; pytorch/pytorch #170862; "
               "radixark/miles_diffusion PR #35; modelscope/ms-swift PR #8341",
               "the rank-local norm reported, the clip right", "dense_dp", (6, 11, 14, 44), fuzz_needed=1),
@@ -79,45 +79,45 @@ CATALOGUE: tuple[Mechanism, ...] = (
               "norm right, nothing clipped", "dense_dp", (9, 43), fuzz_needed=1),
     Mechanism("mutant-tp-filter-drops-shards", "NVIDIA/Megatron-LM PR #5916; NVIDIA-NeMo/Megatron-Bridge PR #4998",
               "TP-sharded gradients counted on TP rank 0 only (~1/sqrt(tp) on them)", "megatron_moe_tp", (15, 27),
-              fuzz_needed=62),
+              fuzz_needed=15),
     Mechanism("mutant-groups-clipped-separately", "NVIDIA/Megatron-LM #785",
-              "norm right; dense and expert groups scaled by their own norms", "torchtitan_ep", (16,), fuzz_needed=7),
+              "norm right; dense and expert groups scaled by their own norms", "torchtitan_ep", (16,), fuzz_needed=31),
     Mechanism("mutant-tied-counted-twice", "NVIDIA/Megatron-LM PR #7228 / #7227; deepspeedai/DeepSpeed PR #1252",
               "x sqrt(2) on an embedding tied across the first and last stage", "pipeline_stages", (19, 31),
-              fuzz_needed=124),
+              fuzz_needed=21),
     Mechanism("mutant-missing-ep-reduction", "NVIDIA-NeMo/Automodel #3816 / PR #3817; hpcaitech/ColossalAI #2192; "
               "laekov/fastmoe #169", "each EP group's own norm (rank-dependent)", "torchtitan_ep", (25, 32, 34),
               fuzz_needed=3),
     Mechanism("mutant-local-root-mean", "deepspeedai/DeepSpeed #8475 / PR #8478; PR #5259",
               "mean of the rank-local norms (8.090 vs 12.247)", "deepspeed_autoep", (28, 30), fuzz_needed=1),
     Mechanism("mutant-experts-dropped", "deepspeedai/DeepSpeed PR #8613",
-              "only the dense norm (6.0 vs 10.0): under-clipped", "torchtitan_ep", (29,), fuzz_needed=7),
+              "only the dense norm (6.0 vs 10.0): under-clipped", "torchtitan_ep", (29,), fuzz_needed=9),
     Mechanism("mutant-norms-added-linearly", "hpcaitech/ColossalAI MoE ZeRO (0.5.0 and HEAD, code)",
-              "||dense|| + ||experts|| instead of their p-norm", "torchtitan_ep", (33,), fuzz_needed=40),
+              "||dense|| + ||experts|| instead of their p-norm", "torchtitan_ep", (33,), fuzz_needed=31),
     Mechanism("mutant-inf-path-typeerror", "hpcaitech/ColossalAI 0.5.0 (verified); ByteDance-Seed/VeOmni PR #758 review",
-              "crash for norm_type=inf only", "dense_dp", (33, 37), fuzz_needed=7),
+              "crash for norm_type=inf only", "dense_dp", (33, 37), fuzz_needed=5),
     Mechanism("mutant-hsdp-replicas-summed", "ByteDance-Seed/VeOmni #184 -> PR #185, #862; "
-              "mindspore-ai/hyper-parallel #279", "x sqrt(dp_replicate)", "hsdp_cp", (35, 38), fuzz_needed=4),
+              "mindspore-ai/hyper-parallel #279", "x sqrt(dp_replicate)", "hsdp_cp", (35, 38), fuzz_needed=16),
     Mechanism("mutant-inf-root-applied", "meta-pytorch/torchrec PR #3199",
-              "every inf norm reported as 1.0", "dense_dp", (39,), fuzz_needed=7),
+              "every inf norm reported as 1.0", "dense_dp", (39,), fuzz_needed=5),
     Mechanism("mutant-fp32-copy", "huggingface/transformers PR #46113; fastai/fastai2 #528",
-              "norm right; bf16/fp16/fp64 gradients never clipped", "dense_dp", (40,), fuzz_needed=3),
+              "norm right; bf16/fp16/fp64 gradients never clipped", "dense_dp", (40,), fuzz_needed=41),
     Mechanism("mutant-cp-replicas-summed", "none known: VeOmni #184's mechanism on the context-parallel axis",
-              "x sqrt(cp)", "hsdp_cp", fuzz_needed=8),
+              "x sqrt(cp)", "hsdp_cp", fuzz_needed=4),
     Mechanism("mutant-inf-norm-summed", "none known as such: an inf branch reusing the p-norm SUM",
-              "inf norm grows with the ranks holding gradients", "dense_dp", fuzz_needed=29),
+              "inf norm grows with the ranks holding gradients", "dense_dp", fuzz_needed=5),
     Mechanism("mutant-nonfinite-flag-local", "xorl and torch error_if_nonfinite evaluated per rank (code)",
-              "only the rank holding the NaN raises", "dense_dp", fuzz_needed=5),
+              "only the rank holding the NaN raises", "dense_dp", fuzz_needed=11),
     Mechanism("mutant-local-coefficient", "the per-stage clip class (torchtitan #596, xorl PP, code)",
               "norm right; each rank scaled by its local norm", "dense_dp", fuzz_needed=1),
     Mechanism("mutant-scales-up", "DingfanChen/GS-WGAN #5; tinygrad PR #11761; pytorch/pytorch #151554",
-              "coefficient above 1 applied (no min(1, .))", "dense_dp", fuzz_needed=17),
+              "coefficient above 1 applied (no min(1, .))", "dense_dp", fuzz_needed=3),
     Mechanism("mutant-empty-rank-zero", "torch's `if len(grads) == 0: return 0.` kept in a distributed wrapper",
-              "0 reported by a rank with no gradient", "dense_dp", fuzz_needed=89),
+              "0 reported by a rank with no gradient", "dense_dp", fuzz_needed=11),
     Mechanism("mutant-nan-max-dropped", "Megatron get_grad_norm_fp32 and DeepSpeed inf branches (code; gloo)",
-              "a NaN away from rank 0 dropped: finite inf norm", "dense_dp", fuzz_needed=7),
+              "a NaN away from rank 0 dropped: finite inf norm", "dense_dp", fuzz_needed=11),
     Mechanism("mutant-weights-misaligned", "Megatron/DeepSpeed-style per-parameter flags zipped with filtered grads",
-              "replica weights shifted after a None gradient", "deepspeed_autoep", fuzz_needed=138),
+              "replica weights shifted after a None gradient", "deepspeed_autoep", fuzz_needed=43),
     Mechanism("mutant-dtensor-copy-scaled", "none known: code written for plain tensors handed DTensor gradients",
               "norm right; DTensor gradients never clipped (a .full_tensor() copy scaled)", "dense_dp",
               fuzz_needed=2),
