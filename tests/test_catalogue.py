@@ -4,7 +4,7 @@ recorded bound, with the signature that names its factor where one exists."""
 
 import pytest
 
-from harness.commands.catalogue import bounds_apply, run_mechanism
+from harness.commands.catalogue import run_mechanism
 from harness.targets.mutants import MUTANTS
 from harness.targets.mutants.catalogue import (BUG_ROWS, CATALOGUE, FUZZ_BUDGET, FUZZ_WORLD, OUT_OF_SCOPE,
                                                 REPRODUCED_ELSEWHERE)
@@ -53,12 +53,12 @@ def test_the_list_prints_every_mechanism_and_every_row_left_out():
 def test_each_mechanism_is_caught_by_its_scenario_and_within_its_fuzz_bound(world4, mechanism):
     got = run_mechanism(mechanism, world4)
     assert got.failed > 0, f"{mechanism.mutant} passed every case of {mechanism.caught_by}"
-    if bounds_apply(FUZZ_WORLD, FUZZ_BUDGET):
-        assert got.within_bound, f"{mechanism.mutant}: fuzz needed {got.fuzz_needed}, recorded {mechanism.fuzz_needed}"
-    else:  # another hypothesis release draws another sequence: the budget still holds
-        assert got.found, f"{mechanism.mutant}: not found within {FUZZ_BUDGET} fuzz examples"
-    if mechanism.mutant in AXIS_SIGNATURES:
-        assert AXIS_SIGNATURES[mechanism.mutant] in got.signature, got.signature
+    # the budget, not the recorded bound: the seeded search's count was seen to depend on which mechanisms ran
+    # before it in the same warm world (124 alone, 21 after the other 26, for mutant-pp-max-reduce), so a test
+    # that runs a subset cannot hold it; `clipcheck catalogue` prints both
+    assert got.found, f"{mechanism.mutant}: not found within {FUZZ_BUDGET} fuzz examples"
+    if mechanism.mutant in AXIS_SIGNATURES:  # among its failures' signatures (a lying-plan layout has its own)
+        assert any(AXIS_SIGNATURES[mechanism.mutant] in s for s in got.signatures), got.signatures
 
 
 def test_reference_passes_every_scenario_the_catalogue_uses(world4):

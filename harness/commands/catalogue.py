@@ -59,6 +59,9 @@ class Caught:
     fuzz_needed: int | None
     """Examples the seeded fuzzer needed; None when it survived the budget."""
     signature: str
+    """The signature the failing cases show most often."""
+    signatures: tuple[str, ...] = ()
+    """Every signature the failing cases show."""
 
     @property
     def within_bound(self) -> bool:
@@ -86,7 +89,7 @@ def run_mechanism(m: Mechanism, pool: "RankPool", fuzz_examples: int = FUZZ_BUDG
     shown = signature.most_common(1)[0][0] if signature else (
         ", ".join(sorted({c for r in failing for c, v in r["checks"].items() if not v["passed"]})) or "-")
     found = fuzz(m.mutant, pool, fuzz_examples, seed=FUZZ_SEED, shrink=False, blame=False)
-    return Caught(m, len(failing), len(cases), None if found.passed else found.failed_at, shown)
+    return Caught(m, len(failing), len(cases), None if found.passed else found.failed_at, shown, tuple(signature))
 
 
 def bounds_apply(world: int, fuzz_examples: int) -> bool:
