@@ -113,6 +113,11 @@ class _GuardWorld:
     def abandon(self):
         self.abandoned += 1
 
+    def left_call(self, raised):
+        """As a world whose peer is still inside the call: a rank that raised abandons the groups."""
+        if raised:
+            self.abandon()
+
 
 def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
     import threading

@@ -54,10 +54,10 @@ def test_xorl_minimax_plan_undercounts_by_one_over_sqrt_ep(xorl_world4):
     at2 = xorl_case(run, 2, "minimax_m3", "xorl-style")
     assert at4["verdict"] == "FAIL" and f"{at4['ratio']:.6f}" == "0.500000"
     assert at2["verdict"] == "FAIL" and f"{at2['ratio']:.6f}" == "0.707107"
-    assert "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times" in at4["signature"]
+    # the factors are distinct on every ep rank (no replicas there): the reading is the lying plan's
     assert any("declared Replicate on ep, measured distinct" in s for s in at4["signature"])
     assert not at4["checks"]["norm"]["passed"] and not at4["checks"]["coefficient"]["passed"]
-    assert "0.500000 = 1/sqrt(4): a group counted once instead of ep_size times" in run.stdout
+    assert "declared Replicate on ep, measured distinct" in run.stdout
 
 
 def test_xorl_control_plan_and_fix_and_reference_pass(xorl_world4):

@@ -338,7 +338,7 @@ def test_a_reported_max_norm_is_signed_as_the_norm_after_clipping():
     truth, scale = correct(case)
     assert case.max_norm < truth
     result, _ = judge(case, [case.max_norm] * 2, scale)
-    assert result.signature == ["equals max_norm: the norm after clipping reported, not the norm before it"]
+    assert result.signature[0] == "equals max_norm: the norm after clipping reported, not the norm before it"
 
 
 def test_no_replica_factor_is_read_into_a_layout_without_replicas():
