@@ -8,9 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-  .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
-  .ci/install-frameworks .venv/bin/python
+  .ci/make-venv test  # torch==2.13.0 (CPU; TORCH_SPEC overrides), the project, the frameworks
 fi
 NPROC_LIST="${NPROC_LIST:-1 2 4 8}"
 args=(--nproc-list "${NPROC_LIST// /,}")

@@ -76,7 +76,11 @@ def test_wheel_declares_what_the_runtime_imports(wheel):
     assert set(torch.removeprefix("torch").split(",")) == set(_ran_torch_range()), torch
 
 
-CI_TORCH = "2.13.0"  # .ci/run's (the CPU build, .ci/installed-product)
+def _ci_torch() -> str:
+    """The torch release CI's venv is built with (.ci/make-venv's default TORCH_SPEC, the CPU build)."""
+    match = re.search(r"TORCH_SPEC:-torch==([0-9.]+)\}", (ROOT / ".ci" / "make-venv").read_text())
+    assert match, "no ${TORCH_SPEC:-torch==X} default in .ci/make-venv"
+    return match.group(1)
 
 
 def _torch_versions_defaults() -> list[str]:
@@ -89,7 +93,7 @@ def _torch_versions_defaults() -> list[str]:
 
 def _ran_torch_range() -> tuple[str, str]:
     """The range of exactly the releases the suite ran on: the oldest minor release run to the newest."""
-    ran = sorted(torch_release(v) for v in [CI_TORCH, *_torch_versions_defaults()])
+    ran = sorted(torch_release(v) for v in [_ci_torch(), *_torch_versions_defaults()])
     (major, low), (top_major, high) = ran[0], ran[-1]
     assert major == top_major == 2, ran
     return f">={major}.{low}", f"<{major}.{high + 1}"
@@ -97,7 +101,7 @@ def _ran_torch_range() -> tuple[str, str]:
 
 def test_docs_and_readme_give_the_figures_of_each_release_run_and_the_range():
     doc = (ROOT / "docs" / "torch-versions.md").read_text()
-    for version in [CI_TORCH, *_torch_versions_defaults()]:
+    for version in [_ci_torch(), *_torch_versions_defaults()]:
         assert f"torch {version}" in doc, f"docs/torch-versions.md has no figures for torch {version}"
     declared = "torch" + ",".join(_ran_torch_range())
     assert f"`{declared}`" in doc

@@ -31,3 +31,13 @@ def set_group_timeout(timeout: datetime.timedelta, group: "dist.ProcessGroup") -
         public(timeout, group)
     else:
         dist.distributed_c10d._set_pg_timeout(timeout, group)
+
+
+def member_group(made: object) -> "dist.ProcessGroup":
+    """The group ``dist.new_group`` / ``new_subgroups_by_enumeration`` made for this rank. torch 2.14's
+    annotations add the non-member sentinel (and None) to what they return, which 2.13's omit; the
+    harness only builds groups that contain the calling rank, so anything else is a harness bug and
+    says so here rather than as an AttributeError inside a later collective."""
+    if not isinstance(made, dist.ProcessGroup):
+        raise RuntimeError(f"clipcheck built a process group this rank is not a member of (got {made!r})")
+    return made

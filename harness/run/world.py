@@ -38,7 +38,7 @@ from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey
 from harness.judge.checks import CaseResult
 from harness.run.truth_cache import TruthCache
-from harness.run.torch_compat import set_group_timeout
+from harness.run.torch_compat import member_group, set_group_timeout
 
 
 class DeadRankError(RuntimeError):
@@ -210,7 +210,7 @@ class DistWorld:
     @property
     def harness_world(self) -> dist.ProcessGroup:
         if self._harness_world is None:
-            self._harness_world = dist.new_group(timeout=self._timeout)
+            self._harness_world = member_group(dist.new_group(timeout=self._timeout))
         return self._harness_world
 
     def mesh(self, spec: MeshSpec) -> MeshGroups:
@@ -239,7 +239,7 @@ class DistWorld:
 
     def _subgroup(self, enumeration: list[list[int]]) -> dist.ProcessGroup:
         mine, _ = dist.new_subgroups_by_enumeration(enumeration, timeout=self._timeout)
-        return mine
+        return member_group(mine)
 
     # -- failure handling ---------------------------------------------------------------------------
     def left_call(self, raised: bool) -> None:
