@@ -52,7 +52,7 @@ from harness.cases.scenario import Scenario
 from harness.targets.target import Target, reported_precision, reported_value
 from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched
-from harness.run.world import DistWorld, WorldBroken
+from harness.run.world import GROUP_BUDGET, DistWorld, WorldBroken
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -101,20 +101,24 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
     return value, None, time.perf_counter() - start
 
 
-def _agree(world: DistWorld, topic: str, status: dict[str, Any]) -> list[dict[str, Any]]:
+def _agree(world: DistWorld, topic: str, status: dict[str, Any], case_done: bool = False) -> list[dict[str, Any]]:
     """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
     abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
-    raise that a broken connection caused mean a fresh generation of groups on every rank. A raise on
+    raise that a broken connection caused mean a fresh generation of groups on every rank; so does, once
+    the case's model is done with (``case_done``: the target's call has returned), a generation that has
+    created more than ``GROUP_BUDGET`` groups on any rank (their threads cost CPU while idle). A raise on
     every rank, nobody abandoned, keeps the groups: a target that built its own (once, as Megatron and
     DeepSpeed do) still has them at its next call."""
-    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned), world.exchange_deadline_s)
+    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned, groups=world.groups_created()),
+                                    world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
     if hung:  # those that raised meanwhile are named too: often what left the others waiting
         raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
         raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
     failed = [s["error"] is not None for s in statuses]
     if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
-            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
+            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)
+            or (case_done and max(s.get("groups", 0) for s in statuses) > GROUP_BUDGET)):  # alike on every rank
         world.regenerate()
     return statuses
 
@@ -189,8 +193,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
         broken = True
     if left is not None:  # a child process may have used this rank's groups: fresh ones for all
         fault, broken = "; ".join(filter(None, [fault, left])), True
-    if any(s["error"] is not None or s.get("broken")
-           for s in _agree(world, "status", {"error": error, "fault": fault, "broken": broken})):
+    generation = world.generation
+    _agree(world, "status", {"error": error, "fault": fault, "broken": broken}, case_done=True)
+    if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
         groups = world.mesh(layout.mesh)
 
     post, local = rank_effects(pre, local_grads(model, names), params_before,
