@@ -131,7 +131,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     record = {"params": [[n, dtype_label(local_tensor(p).dtype), bool(p.requires_grad), list(local_tensor(p).shape)]
                          for n, p in params],
               "grads": {n: s.record() for n, s in before.items()}, "mesh": axes,
-              "declared": declared, "notes": notes}
+              "declared": declared, "notes": notes, "blame": bool(blame and restore)}
     records = world.gather_json("audit-measure", record, world.exchange_deadline_s)
     clock.lap("measure")
 
@@ -141,7 +141,8 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     if records is not None:
         held = holdings(records)
         plan = {"digest": candidates(held, world.world_size),
-                "nonfinite": any(not (math.isfinite(h.pow) and math.isfinite(h.sq)) for h in held)}
+                "nonfinite": any(not (math.isfinite(h.pow) and math.isfinite(h.sq)) for h in held),
+                "blame": all(rec["blame"] for rec in records)}  # every rank keeps a copy: the blame may run
     plan = world.allgather_json("audit-plan", plan, world.exchange_deadline_s)[0]
     assert plan is not None
     nonfinite = bool(plan["nonfinite"])
@@ -228,11 +229,12 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
 
     # 5. the blame's one-group runs (the gradients put back between them), then the verdict
     groups: dict[str, list[str]] | None = None
-    if result is not None and measured is not None and blame and copies is not None and blame_reason(result) is None:
-        present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))
-                   for j, n in enumerate(measured.names)}
-        groups = parameter_groups(measured.names, present)
-    groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
+    if plan["blame"]:  # an exchange only where the blame may run (restore and blame on every rank)
+        if result is not None and measured is not None and blame_reason(result) is None:
+            present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))
+                       for j, n in enumerate(measured.names)}
+            groups = parameter_groups(measured.names, present)
+        groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
     if groups and copies is not None and originals is not None:
         try:
             subs = [_one_group(world, model, clip, set(names), originals, copies, measured, max_norm, g)
