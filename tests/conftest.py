@@ -1,6 +1,12 @@
 """Fixtures shared by the test modules: torchrun launches that several modules read."""
 
+import os
+
 import pytest
+
+# one intra-op thread in every process the suite starts (the warm pools' ranks, the launches' ranks): it
+# runs dozens of rank processes on a few cores, where OpenMP's spinning threads only take turns from them
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harness_runs import run_harness
 
