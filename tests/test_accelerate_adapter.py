@@ -1,4 +1,4 @@
-"""huggingface accelerate's ``Accelerator.clip_grad_norm_`` on real torchrun jobs: FSDP2, HSDP and
+"""huggingface accelerate's ``Accelerator.clip_grad_norm_`` on real multi-rank jobs (``clipcheck run``): FSDP2, HSDP and
 FSDP2+TP prepared by accelerate, and TP models with plain and DTensor parameters. Where accelerate is
 not installed, its cases must be skips carrying the install hint."""
 
@@ -13,7 +13,7 @@ import pytest
 from harness.scenarios.accelerate import FRAMEWORK as ACCELERATE
 from harness.scenarios.accelerate.adapter import TARGETS as ACCELERATE_TARGETS
 from harness.scenarios.accelerate.adapter import transformers_major
-from harness_runs import ROOT, expect_skips, failed, run_harness
+from harness_runs import ROOT, expect_skips, failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -22,13 +22,13 @@ TARGETS = ("accelerate", "accelerate-tp")
 
 @pytest.fixture(scope="module")
 def accelerate_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "accelerate_fsdp2", "--dtype", "fp32", "--norm-type", "2,inf"],
+    return run_clipcheck(4, ["--scenario", "accelerate_fsdp2", "--dtype", "fp32", "--norm-type", "2,inf"],
                        tmp_path_factory.mktemp("accelerate4"))
 
 
 @pytest.fixture(scope="module")
 def accelerate_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "accelerate_fsdp2", "--dtype", "fp32", "--norm-type", "2",
+    return run_clipcheck(2, ["--scenario", "accelerate_fsdp2", "--dtype", "fp32", "--norm-type", "2",
                            "--clip-ratio", "0.5"], tmp_path_factory.mktemp("accelerate2"))
 
 

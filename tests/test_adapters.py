@@ -7,14 +7,14 @@ import pytest
 from harness.report.compat import compat_rows, markdown
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness.targets.frameworks import Framework
-from harness_runs import expect_skips, run_harness
+from harness_runs import expect_skips, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
 def adapters_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "torchtitan_ep,megatron_moe_tp,fsdp2_meshes,xorl_ep_lora",
+    return run_clipcheck(4, ["--scenario", "torchtitan_ep,megatron_moe_tp,fsdp2_meshes,xorl_ep_lora",
                            "--target", "torchtitan,megatron,torch-fsdp2,xorl,reference", "--ep-size", "2"],
                        tmp_path_factory.mktemp("adapters"))
 

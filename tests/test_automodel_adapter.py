@@ -1,4 +1,4 @@
-"""NeMo Automodel's ``scale_grads_and_clip_grad_norm`` on real torchrun jobs (the ``automodel_ep``
+"""NeMo Automodel's ``scale_grads_and_clip_grad_norm`` on real multi-rank jobs (``clipcheck run``) (the ``automodel_ep``
 scenario), the model built, marked and parallelized by Automodel's own code and its gradients
 delivered by a backward through its FSDP2 units. Where nemo-automodel 0.7.0 is installed it must be
 exact on every layout its MoE parallelizer produces (dense FSDP2 on dp_shard_cp; TE experts as plain
@@ -13,7 +13,7 @@ import pytest
 
 from harness.scenarios.automodel import FRAMEWORK as AUTOMODEL
 from harness.scenarios.automodel.framework import RELEASES
-from harness_runs import expect_skips, failed, run_harness
+from harness_runs import expect_skips, failed, run_clipcheck
 from repro_runs import run_repro
 
 pytestmark = pytest.mark.distributed
@@ -25,14 +25,14 @@ LAYOUTS = {"dp_shard_cp=4 dense fsdp",
 
 @pytest.fixture(scope="module")
 def automodel_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "automodel_ep", "--dtype", "fp32", "--clip-ratio", "0.5"],
+    return run_clipcheck(4, ["--scenario", "automodel_ep", "--dtype", "fp32", "--clip-ratio", "0.5"],
                        tmp_path_factory.mktemp("automodel4"))
 
 
 @pytest.fixture(scope="module")
 def automodel_world2_synthetic(tmp_path_factory):
     # seed 1 puts the largest gradient element in an expert tensor, so Linf sees #3816 too
-    return run_harness(2, ["--scenario", "automodel_ep", "--target", "automodel", "--seed", "1", "--synthetic",
+    return run_clipcheck(2, ["--scenario", "automodel_ep", "--target", "automodel", "--seed", "1", "--synthetic",
                            "--dtype", "fp32,bf16", "--clip-ratio", "0.5"], tmp_path_factory.mktemp("automodel2"))
 
 

@@ -1,4 +1,4 @@
-"""ColossalAI's MoE hybrid-parallel ZeRO optimizer on real torchrun jobs (gloo, CPU), reached as its
+"""ColossalAI's MoE hybrid-parallel ZeRO optimizer on real multi-rank jobs (``clipcheck run``) (gloo, CPU), reached as its
 own training reaches it: ``Booster(plugin=MoeHybridParallelPlugin(...))``, ``boost``, ``booster.backward``
 (ZeRO's reduction delivers the layout's gradients, checked bit for bit), ``optimizer.step()``. Where
 colossalai is installed it is judged: right for dense ZeRO and for ep=1 (one gradient store), wrong
@@ -17,7 +17,7 @@ from harness.scenarios.colossalai import FRAMEWORK as COLOSSALAI
 from harness.scenarios.colossalai.scenario import EXPERT_PREFIX, moe_layout
 from harness.cases.injection import Injection
 from harness.cases.model import local_grad
-from harness_runs import failed, run_harness
+from harness_runs import failed, run_clipcheck
 from repro_runs import run_repro
 
 pytestmark = pytest.mark.distributed
@@ -32,13 +32,13 @@ REPRO = "scenarios/colossalai/repro_moe_zero_norm.py"
 
 @pytest.fixture(scope="module")
 def world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "colossalai_moe", "--target", "colossalai,colossalai-inf,reference",
+    return run_clipcheck(2, ["--scenario", "colossalai_moe", "--target", "colossalai,colossalai-inf,reference",
                            "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("cai2"))
 
 
 @pytest.fixture(scope="module")
 def world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "colossalai_moe", "--target", "colossalai,colossalai-inf,reference",
+    return run_clipcheck(4, ["--scenario", "colossalai_moe", "--target", "colossalai,colossalai-inf,reference",
                            "--dtype", "bf16", "--ep-size", "2"], tmp_path_factory.mktemp("cai4"))
 
 

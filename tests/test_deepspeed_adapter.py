@@ -1,4 +1,4 @@
-"""DeepSpeed's fp32 clip on real torchrun jobs: ``clip_grad_norm_`` called directly (direct-call reach)
+"""DeepSpeed's fp32 clip on real multi-rank jobs (``clipcheck run``): ``clip_grad_norm_`` called directly (direct-call reach)
 and ``DeepSpeedEngine.clip_fp32_gradients`` after ``engine.backward`` (the engine's own all-reduce
 delivers the gradients), and the standalone reproductions in ``scenarios/deepspeed/``. Where DeepSpeed
 is not installed, its cases are skips carrying the install hint and the reproductions are skipped."""
@@ -14,7 +14,7 @@ import pytest
 
 from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
 from harness.scenarios.deepspeed.framework import RELEASES
-from harness_runs import ROOT, expect_skips, failed, run_harness
+from harness_runs import ROOT, expect_skips, failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -66,7 +66,7 @@ def test_deepspeed_engine_runs_its_own_backward(deepspeed_world2):
 
 @pytest.fixture(scope="module")
 def engine_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "deepspeed_autoep", "--target", "deepspeed-engine", "--dtype", "fp32",
+    return run_clipcheck(4, ["--scenario", "deepspeed_autoep", "--target", "deepspeed-engine", "--dtype", "fp32",
                            "--ep-size", "2,4", "--clip-ratio", "0.5"], tmp_path_factory.mktemp("ds4"))
 
 

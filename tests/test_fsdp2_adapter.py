@@ -1,4 +1,4 @@
-"""torch's own FSDP2 (``fully_shard``) on real torchrun jobs, gradients through its reduce-scatter:
+"""torch's own FSDP2 (``fully_shard``) on real multi-rank jobs (``clipcheck run``), gradients through its reduce-scatter:
 one mesh and HSDP exact, two meshes raise (pytorch/pytorch #180346), and torch's inf norm drops a
 NaN held by a rank other than 0; both findings reproduced by the standalone scripts in
 ``scenarios/fsdp2/``."""
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from harness.scenarios.fsdp2 import TARGETS
-from harness_runs import ROOT, failed, run_harness
+from harness_runs import ROOT, failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -21,7 +21,7 @@ MIXED_MESH = "RuntimeError: All operands in aten.stack.default must have the sam
 
 @pytest.fixture(scope="module")
 def fsdp2_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "fsdp2_meshes", "--target", "torch-fsdp2,reference"],
+    return run_clipcheck(4, ["--scenario", "fsdp2_meshes", "--target", "torch-fsdp2,reference"],
                        tmp_path_factory.mktemp("fsdp2"))
 
 

@@ -1,4 +1,4 @@
-"""megatron-core's clip on real torchrun jobs (world 4), on parameters built and marked by megatron-core's
+"""megatron-core's clip on real multi-rank jobs (``clipcheck run``) (world 4), on parameters built and marked by megatron-core's
 own layers and functions. Where megatron-core is not installed, its cases are skips carrying the
 install hint."""
 
@@ -8,14 +8,14 @@ import pytest
 
 from harness.scenarios.megatron import FRAMEWORK as MEGATRON
 from harness.scenarios.megatron.framework import RELEASES
-from harness_runs import expect_skips, run_harness
+from harness_runs import expect_skips, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
 def megatron_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "megatron_moe_tp", "--target", "megatron,reference", "--ep-size", "1,2"],
+    return run_clipcheck(4, ["--scenario", "megatron_moe_tp", "--target", "megatron,reference", "--ep-size", "1,2"],
                        tmp_path_factory.mktemp("megatron"))
 
 

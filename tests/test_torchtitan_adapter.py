@@ -1,4 +1,4 @@
-"""torchtitan 0.3.0 on real torchrun jobs: its EP clip on a model parallelized in its trainer's order
+"""torchtitan 0.3.0 on real multi-rank jobs (``clipcheck run``): its EP clip on a model parallelized in its trainer's order
 (meta build, experts over ep, its own ``apply_fsdp_to_decoder``) with gradients through FSDP2's
 reduce-scatter, its PP clip on FSDP-wrapped stages, and the standalone reproduction of the one
 finding that is not synthetic. Where torchtitan is not installed every case is a skip carrying the
@@ -13,7 +13,7 @@ import pytest
 
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.torchtitan import TARGETS
-from harness_runs import ROOT, expect_skips, failed, run_harness
+from harness_runs import ROOT, expect_skips, failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -22,13 +22,13 @@ MIXED_MESH = "RuntimeError: All operands in aten.stack.default must have the sam
 
 @pytest.fixture(scope="module")
 def titan_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "torchtitan_ep", "--target", "torchtitan,reference", "--ep-size", "2",
+    return run_clipcheck(4, ["--scenario", "torchtitan_ep", "--target", "torchtitan,reference", "--ep-size", "2",
                            "--synthetic"], tmp_path_factory.mktemp("titan4"))
 
 
 @pytest.fixture(scope="module")
 def titan_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "torchtitan_ep", "--target", "torchtitan", "--dtype", "fp32"],
+    return run_clipcheck(2, ["--scenario", "torchtitan_ep", "--target", "torchtitan", "--dtype", "fp32"],
                        tmp_path_factory.mktemp("titan2"))
 
 
@@ -85,7 +85,7 @@ def test_synthetic_layouts_stay_out_by_default(titan_world2):
 
 @pytest.fixture(scope="module")
 def stages_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "pipeline_stages", "--target", "torchtitan-pp,reference", "--dtype", "fp32"],
+    return run_clipcheck(4, ["--scenario", "pipeline_stages", "--target", "torchtitan-pp,reference", "--dtype", "fp32"],
                        tmp_path_factory.mktemp("stages"))
 
 

@@ -1,4 +1,4 @@
-"""torchtune 0.6.1's distributed full-finetune recipe on real torchrun jobs: its llama3 builder, TP
+"""torchtune 0.6.1's distributed full-finetune recipe on real multi-rank jobs (``clipcheck run``): its llama3 builder, TP
 plan and ``shard_model``, then the recipe's clip step. FSDP2 alone and a TP plan that covers every
 parameter are exact; the base TP plan (norms left plain) crashes, with TP alone (torchtune #2420:
 plain and DTensor gradients mixed in torch's foreach norm) and with FSDP (1-D and 2-D meshes mixed).
@@ -12,7 +12,7 @@ import pytest
 
 from harness.scenarios.torchtune import FRAMEWORK as TORCHTUNE
 from harness.scenarios.torchtune.adapter import TARGETS as TORCHTUNE_TARGETS
-from harness_runs import ROOT, expect_skips, failed, run_harness
+from harness_runs import ROOT, expect_skips, failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -24,12 +24,12 @@ MIXED_MESH = ("RuntimeError: All operands in aten.stack.default must have the sa
 
 @pytest.fixture(scope="module")
 def torchtune_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "torchtune_tp", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("tt2"))
+    return run_clipcheck(2, ["--scenario", "torchtune_tp", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("tt2"))
 
 
 @pytest.fixture(scope="module")
 def torchtune_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "torchtune_tp", "--dtype", "fp32"], tmp_path_factory.mktemp("tt4"))
+    return run_clipcheck(4, ["--scenario", "torchtune_tp", "--dtype", "fp32"], tmp_path_factory.mktemp("tt4"))
 
 
 

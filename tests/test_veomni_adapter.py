@@ -9,7 +9,7 @@ import math
 import pytest
 
 from harness.scenarios.veomni import FRAMEWORK as VEOMNI
-from harness_runs import failed, run_harness
+from harness_runs import failed, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -18,19 +18,19 @@ ONE = dict(target="veomni", norm="L2", dtype="fp32", clip_ratio=0.5)
 
 @pytest.fixture(scope="module")
 def veomni_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "veomni_ep", "--target", "veomni,reference", "--dtype", "fp32",
+    return run_clipcheck(4, ["--scenario", "veomni_ep", "--target", "veomni,reference", "--dtype", "fp32",
                            "--norm-type", "2,inf"], tmp_path_factory.mktemp("veomni4"))
 
 
 @pytest.fixture(scope="module")
 def veomni_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "veomni_ep", "--target", "veomni,reference", "--dtype", "bf16",
+    return run_clipcheck(2, ["--scenario", "veomni_ep", "--target", "veomni,reference", "--dtype", "bf16",
                            "--norm-type", "2,inf"], tmp_path_factory.mktemp("veomni2"))
 
 
 @pytest.fixture(scope="module")
 def veomni_synthetic4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "veomni_ep", "--target", "veomni", "--dtype", "fp32", "--norm-type", "2",
+    return run_clipcheck(4, ["--scenario", "veomni_ep", "--target", "veomni", "--dtype", "fp32", "--norm-type", "2",
                            "--variant", "shared-lora differing", "--synthetic"], tmp_path_factory.mktemp("veomni4s"))
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from harness.scenarios.xorl import FRAMEWORK as XORL
-from harness_runs import ROOT, expect_skips, run_harness
+from harness_runs import ROOT, expect_skips, run_clipcheck
 
 pytestmark = pytest.mark.distributed
 
@@ -23,13 +23,13 @@ needs_xorl = pytest.mark.skipif(XORL.unavailable() is not None, reason=f"xorl is
 
 @pytest.fixture(scope="module")
 def xorl_world4(tmp_path_factory):
-    return run_harness(4, ["--scenario", "xorl_ep_lora", "--target", "xorl", "--dtype", "fp32", "--clip-ratio", "0.5"],
+    return run_clipcheck(4, ["--scenario", "xorl_ep_lora", "--target", "xorl", "--dtype", "fp32", "--clip-ratio", "0.5"],
                        tmp_path_factory.mktemp("xorl4"))
 
 
 @pytest.fixture(scope="module")
 def xorl_world2(tmp_path_factory):
-    return run_harness(2, ["--scenario", "xorl_ep_lora", "--target", "xorl", "--dtype", "bf16", "--clip-ratio", "0.5"],
+    return run_clipcheck(2, ["--scenario", "xorl_ep_lora", "--target", "xorl", "--dtype", "bf16", "--clip-ratio", "0.5"],
                        tmp_path_factory.mktemp("xorl2"))
 
 

@@ -107,6 +107,7 @@ def main() -> int:
             else "every TP-sharded gradient is a DTensor: no plain shards, the layout does not arise"))
         print("reported by rank: " + " ".join(f"{r:.6f}" for r in reports))
         print(f"reported={reported:.6f} true={true:.6f} ratio={reported / true:.6f}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
     return 0
 

@@ -136,6 +136,7 @@ def main() -> None:
         print(f"nemo-automodel {importlib.metadata.version('nemo-automodel')}, ep={world}: every rank should "
               f"report the true norm")
         print(f"reported={reported:.6f} true={true:.6f} ratio={reported / true:.6f}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
 
 

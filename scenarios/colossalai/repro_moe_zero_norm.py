@@ -130,6 +130,7 @@ def main() -> None:
         print(f"colossalai {importlib.metadata.version('colossalai')}, ep={world}: every rank should report "
               f"sqrt(dense^2 + all experts^2)")
         print(f"reported={reported:.6f} true={true:.6f} ratio={reported / true:.6f}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
 
 

@@ -64,4 +64,5 @@ if __name__ == "__main__":
         value = float(reported.full_tensor() if isinstance(reported, DTensor) else reported)
         if rank == 0:
             print(f"scale={scale:g} reported={value:.6f} true={true:.6f} ratio={value / true:.6f}", flush=True)
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()

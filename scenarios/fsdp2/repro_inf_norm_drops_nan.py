@@ -76,6 +76,7 @@ def main() -> None:
         print(f"reported by each rank: {[float(v) for v in per_rank]}")
         print(f"NaN still in the gradient after the clip on rank {args.nan_rank}: {bool(flags[args.nan_rank])}")
         print(f"reported={reported:.6f} true={true:.6f} nan_kept={bool(flags[args.nan_rank])}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
 
 

@@ -80,6 +80,7 @@ def main() -> None:
     if rank == 0:
         print(f"world {world}: dense fully_shard-ed on {flat}, experts on {mesh[EP_FSDP_AXIS]}")
         print(f"reported={reported} true={true:.6f} error={error}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
 
 

@@ -95,6 +95,7 @@ def main() -> None:
             how = "torchtitan's layout" if experts_on_ep else "experts without ep dim"
             print(f"world {world}, {how}: experts on {mesh}, dense on {dense}")
             print(f"reported={reported} true={true:.6f} error={error}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
 
 

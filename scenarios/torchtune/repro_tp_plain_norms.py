@@ -122,6 +122,7 @@ def main() -> int:
         print(f"ranks raising: {[r for r, e in enumerate(errors) if e]} of {world} "
               f"(dp={args.dp}, tp={world // args.dp}, base_llama_tp_plan, clip_grad_norm=1.0)")
         print(f"reported={'raised' if error else 'no error'} true={float(square.sqrt()):.6f} error={error}")
+    dist.barrier()  # every rank done with its collectives before any tears its groups down
     dist.destroy_process_group()
     return 0
 
