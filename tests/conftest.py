@@ -8,14 +8,14 @@ import pytest
 # runs dozens of rank processes on a few cores, where OpenMP's spinning threads only take turns from them
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from harness_runs import run_harness
+from harness_runs import run_clipcheck
 
 
 @pytest.fixture(scope="session")
 def deepspeed_world2(tmp_path_factory):
     """The deepspeed_autoep scenario at world 2, fp32 and bf16, with every default target: the
     DeepSpeed-style models, the repair, the real DeepSpeed (where installed) and the reference."""
-    return run_harness(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("ds"))
+    return run_clipcheck(2, ["--scenario", "deepspeed_autoep", "--dtype", "fp32,bf16"], tmp_path_factory.mktemp("ds"))
 
 
 @pytest.fixture(scope="session")

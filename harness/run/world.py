@@ -130,8 +130,8 @@ def forget_dtensor_caches() -> None:
 
 
 GROUP_BUDGET = 40
-"""Process groups one generation may create before the next case boundary starts a fresh one
-(``crowded``). Every mesh a case asks for stays cached for the generation (its target groups, the
+"""Process groups one generation may create before the end of a case starts a fresh one
+(``runner._agree``). Every mesh a case asks for stays cached for the generation (its target groups, the
 harness's twins, spans), and so do the groups a framework builds; a fuzzer or a matrix drawing many
 layouts piled up 80 per rank. Each live gloo group keeps a thread that wakes every few milliseconds:
 measured on 2 cores, 80 idle groups cost a process 10% of a core (20 groups 3%), so a warm pool of 8
