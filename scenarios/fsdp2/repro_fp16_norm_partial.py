@@ -21,6 +21,8 @@ Prints, on rank 0, one line per magnitude (torch 2.13.0, 2 ranks):
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -65,4 +67,8 @@ if __name__ == "__main__":
         if rank == 0:
             print(f"scale={scale:g} reported={value:.6f} true={true:.6f} ratio={value / true:.6f}", flush=True)
     dist.barrier()  # every rank done with its collectives before any tears its groups down
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    # torch 2.13's teardown of FSDP2's gloo groups aborts now and then on a loaded machine ("terminate called
+    # without an active exception", in the test suite about one run in four before the barrier, still seen after
+    # it): the finding is printed by now, so the process ends without tearing down
+    os._exit(0)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -77,7 +79,11 @@ def main() -> None:
         print(f"NaN still in the gradient after the clip on rank {args.nan_rank}: {bool(flags[args.nan_rank])}")
         print(f"reported={reported:.6f} true={true:.6f} nan_kept={bool(flags[args.nan_rank])}")
     dist.barrier()  # every rank done with its collectives before any tears its groups down
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    # torch 2.13's teardown of FSDP2's gloo groups aborts now and then on a loaded machine ("terminate called
+    # without an active exception", in the test suite about one run in four before the barrier, still seen after
+    # it): the finding is printed by now, so the process ends without tearing down
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ ep = 2). The last line on rank 0: ``reported=raised true=<float> error=<the exce
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -81,7 +83,11 @@ def main() -> None:
         print(f"world {world}: dense fully_shard-ed on {flat}, experts on {mesh[EP_FSDP_AXIS]}")
         print(f"reported={reported} true={true:.6f} error={error}")
     dist.barrier()  # every rank done with its collectives before any tears its groups down
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    # torch 2.13's teardown of FSDP2's gloo groups aborts now and then on a loaded machine ("terminate called
+    # without an active exception", in the test suite about one run in four before the barrier, still seen after
+    # it): the finding is printed by now, so the process ends without tearing down
+    os._exit(0)
 
 
 if __name__ == "__main__":
