@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +57,63 @@ class HarnessRun:
 def _run_and_read(launcher: list[str], args: list[str], out: Path, timeout: float) -> HarnessRun:
     cmd = [*launcher, *args, "--json", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = harness_process(cmd, env, timeout)
     records = []
     if out.exists():
         records = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
     return HarnessRun(proc.returncode, proc.stdout, proc.stderr, records)
+
+
+class LaunchServer:
+    """This test process's ``tests/launch_server.py``: ``python -m harness ARGS`` forked from a process that
+    imported torch, the harness and the frameworks once. Started on first use; set CLIPCHECK_TEST_FRESH=1
+    for fresh interpreters instead."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.path = ""
+
+    def _start(self) -> None:
+        folder = tempfile.mkdtemp(prefix="clipcheck-launch-")
+        self.path = os.path.join(folder, "socket")
+        with open(os.path.join(folder, "server.log"), "w") as log:
+            self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "launch_server.py"), self.path],
+                                         cwd=ROOT, env=harness_env(), stdout=subprocess.PIPE, stderr=log, text=True)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline().strip()
+        assert ready == "ready", f"the launch server did not start (see {folder}/server.log)"
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory(prefix="clipcheck-out-") as folder:
+            out, err = Path(folder, "stdout"), Path(folder, "stderr")
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "out": str(out), "err": str(err)}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(self.path)
+                stream = conn.makefile("rwb")
+                stream.write(json.dumps(request).encode() + b"\n")
+                stream.flush()
+                pid = json.loads(stream.readline())["pid"]
+                conn.settimeout(timeout)
+                try:
+                    status = json.loads(stream.readline())["status"]
+                except (socket.timeout, TimeoutError):
+                    os.killpg(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(argv, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(argv, status, out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+
+_SERVER = LaunchServer()
+
+
+def harness_process(cmd: list[str], env: dict[str, str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``cmd`` run to its end, output captured: a ``python -m harness ARGS`` through this process's launch
+    server (tests/launch_server.py), anything else (torchrun) as a process of its own."""
+    if cmd[:3] == [sys.executable, "-m", "harness"] and not os.environ.get("CLIPCHECK_TEST_FRESH"):
+        return _SERVER.run(cmd[3:], env, cwd, timeout)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
@@ -79,8 +134,7 @@ def run_cli(args: list[str], env_extra: dict[str, str] | None = None,
     """``python -m harness`` without a launcher (world size from the environment, 1 by default)."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return harness_process([sys.executable, "-m", "harness", *args], env, timeout)
 
 
 def failed(case: dict[str, Any]) -> set[str]:
@@ -173,3 +227,40 @@ def listening_addresses(pids: set[int]) -> list[str]:
             if fields[3] == "0A" and fields[9] in inodes:
                 found.append(fields[1].rsplit(":", 1)[0])
     return found
+
+
+def threads_of(pid: int) -> dict[str, int]:
+    """A process's threads by name (``/proc/PID/task/*/comm``); {} once it is gone."""
+    names: dict[str, int] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return names
+    for task in tasks:
+        try:
+            name = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+        except OSError:
+            continue
+        names[name] = names.get(name, 0) + 1
+    return names
+
+
+def most_threads(pid: int, every_s: float = 0.1) -> tuple[int, dict[str, int]]:
+    """While ``pid`` runs, the most threads any of its descendants held at one time, and their names then
+    (sampled every ``every_s``); returns when it has exited (the caller reaps it)."""
+    most, names = 0, {}
+    while alive({pid}):
+        for child in descendants(pid):
+            seen = threads_of(child)
+            if sum(seen.values()) > most:
+                most, names = sum(seen.values()), seen
+        time.sleep(every_s)
+    return most, names
+
+
+def gloo_groups_held() -> tuple[int, int]:
+    """A ``RankPool`` task: this rank's member groups in its current generation, and the gloo groups alive
+    in the process (one ``gloo_tcp_loop`` thread each): equal when nothing keeps a dropped group alive."""
+    from harness.run.pool import current_world
+
+    return current_world().groups_alive(), threads_of(os.getpid()).get("gloo_tcp_loop", 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from harness.run.world import DistWorld
 
 _ATTRIBUTE = "_clipcheck_context"
+T = TypeVar("T")
 
 
 @dataclass
@@ -77,6 +78,20 @@ class CaseContext:
         the same order."""
         assert self.world is not None, "group_over needs a harness world"
         return self.world.group_over(self.mesh_spec, axes)
+
+    def per_generation(self, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()`` once while the harness's process groups live (a framework's own groups or meshes,
+        built once as a training job builds them), then the same object for every case with that
+        ``key``; forgotten when the harness renews its groups. Every rank must ask in the same order
+        (``build`` is usually collective)."""
+        assert self.world is not None, "per_generation needs a harness world"
+        return self.world.per_generation(key, build)
+
+    def at_generation_end(self, release: Callable[[], None]) -> None:
+        """Have ``release()`` run once when the harness drops its process groups: reset there whatever a
+        framework keeps of them in module globals, or the dropped groups (and their threads) stay alive."""
+        assert self.world is not None, "at_generation_end needs a harness world"
+        self.world.at_generation_end(release)
 
     def param_spec(self, name: str) -> ParamSpec:
         return self.layout.param(name)

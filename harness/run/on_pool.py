@@ -15,7 +15,11 @@ from harness.targets.target import resolve_target
 def run_case_task(case: CaseSpec, scenario: Scenario, blame: bool | str = False) -> CaseResult | None:
     """Runs on every rank of the pool; rank 0 returns the judged result."""
     target = resolve_target(case.target, registered_targets([scenario]))
-    return run_case_with_blame(current_world(), case, scenario, target, blame)
+    world = current_world()
+    try:
+        return run_case_with_blame(world, case, scenario, target, blame)
+    finally:  # nothing checks a pool case's model again: let it (and the groups it holds) go
+        world.late_watch = None
 
 
 def forget_blame() -> None:

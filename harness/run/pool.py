@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import multiprocessing as mp
 import os
 import shutil
@@ -82,6 +83,9 @@ FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", 
 import in every rank (the first DTensor imports torch._dynamo: ~1.7 s of CPU per rank; the registry
 imports every scenario module). Import errors are ignored there (the rank imports what it needs)."""
 
+CLOSE_GRACE_S = 10.0
+"""How long ``RankPool.close`` waits for idle ranks to stop on their own, all of them together."""
+
 PEER_GRACE_S = 2.0
 """After a rank dies or reports a hang, how long the others get to answer before they are taken to
 be stuck on it."""
@@ -125,6 +129,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _WORLD = DistWorld(backend, timeout_s)
+    gc.freeze()  # what the fork server preloaded, out of every later full collection (``startup.settle_startup``)
     # a hung task: the watchdog thread tells the parent at once (the main thread is stuck), then waits
     def hang_handler(message: str) -> None:
         conn.send(("hung", message))
@@ -200,6 +205,7 @@ class RankPool:
         self._stack_dir: str | None = None  # where a silent rank dumps its stack; made by start()
         self._needs_regenerate = False
         self._must_restart = False  # a rank's world was stopped by the last task (``leftovers``)
+        self._in_flight = False  # a task was sent and its results not all collected (an interruption cut it short)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -238,13 +244,18 @@ class RankPool:
         self._needs_regenerate = False
 
     def close(self) -> None:
-        for conn in self._conns:
-            try:
-                conn.send(("stop",))
-            except (OSError, BrokenPipeError):
-                pass
-        for proc in self._procs:
-            proc.join(timeout=10)
+        """Stop the ranks: asked to, when they are idle (they close their groups), within
+        ``CLOSE_GRACE_S`` for all of them; killed at once when a task is still running on them (an
+        interruption cut it short: they would finish it first) or past the grace."""
+        if not self._in_flight:
+            for conn in self._conns:
+                try:
+                    conn.send(("stop",))
+                except (OSError, BrokenPipeError):
+                    pass
+            deadline = time.monotonic() + CLOSE_GRACE_S
+            for proc in self._procs:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
         if self._stack_dir is not None:  # a pool closed between test sessions must not leave it behind
             shutil.rmtree(self._stack_dir, ignore_errors=True)
@@ -261,6 +272,7 @@ class RankPool:
         self._procs, self._conns = [], []
         self._store = None
         self._must_restart = False
+        self._in_flight = False
 
     def __enter__(self) -> "RankPool":
         return self
@@ -276,9 +288,11 @@ class RankPool:
             self.start()
         elif self._needs_regenerate:
             self._regenerate()
+        self._in_flight = True
         for conn in self._conns:  # pickled for each rank: a CPU tensor travels as a handle only one can claim
             conn.send(("call", fn, args, kwargs, list(sys.path)))
         results = self._collect(timeout_s if timeout_s is not None else 2 * self.timeout_s + 30)
+        self._in_flight = False
         if self._must_restart or any(r.status in ("hung", "died", "collateral") for r in results):
             self.kill()
         elif any(r.status != "ok" for r in results):

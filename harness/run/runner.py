@@ -52,7 +52,7 @@ from harness.cases.scenario import Scenario
 from harness.targets.target import Target, reported_precision, reported_value
 from harness.run.leftovers import census, left_behind, threads_fault
 from harness.run.watchdog import watched
-from harness.run.world import GROUP_BUDGET, DistWorld, WorldBroken
+from harness.run.world import DistWorld, WorldBroken
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -104,12 +104,12 @@ def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, 
 def _agree(world: DistWorld, topic: str, status: dict[str, Any], case_done: bool = False) -> list[dict[str, Any]]:
     """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
     abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
-    raise that a broken connection caused mean a fresh generation of groups on every rank; so does, once
-    the case's model is done with (``case_done``: the target's call has returned), a generation that has
-    created more than ``GROUP_BUDGET`` groups on any rank (their threads cost CPU while idle). A raise on
-    every rank, nobody abandoned, keeps the groups: a target that built its own (once, as Megatron and
-    DeepSpeed do) still has them at its next call."""
-    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned, groups=world.groups_created()),
+    raise that a broken connection caused mean a fresh generation of groups on every rank, at once. At a
+    case's end (``case_done``: the target's call has returned) a rank holding more than ``GROUP_BUDGET``
+    groups makes a renewal due on every rank, done before a later case (``DistWorld.before_case``), once
+    this case's model no longer holds them. A raise on every rank, nobody abandoned, keeps the groups: a
+    target that built its own (once, as Megatron and DeepSpeed do) still has them at its next call."""
+    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned, groups=world.groups_alive()),
                                     world.exchange_deadline_s)
     hung = [r for r, s in enumerate(statuses) if s.get("hung")]
     if hung:  # those that raised meanwhile are named too: often what left the others waiting
@@ -117,9 +117,10 @@ def _agree(world: DistWorld, topic: str, status: dict[str, Any], case_done: bool
         raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
     failed = [s["error"] is not None for s in statuses]
     if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
-            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)
-            or (case_done and max(s.get("groups", 0) for s in statuses) > GROUP_BUDGET)):  # alike on every rank
+            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
         world.regenerate()
+    elif case_done:
+        world.groups_at_case_end = max(s.get("groups", 0) for s in statuses)  # alike on every rank
     return statuses
 
 
@@ -136,6 +137,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     variant = case.variant
     layout = variant.layout
     names = [spec.name for spec in layout.trainable]
+    world.before_case((case.scenario, variant.label, layout.mesh))
     groups = world.mesh(layout.mesh)
 
     model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)

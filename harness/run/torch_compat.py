@@ -43,10 +43,9 @@ def member_group(made: object) -> "dist.ProcessGroup":
     return made
 
 
-def groups_created() -> int:
-    """How many process groups this process has taken part in creating since the default group was
-    (re)initialized, members or not: torch's own counter (``_world.group_count``, private, present in
-    every release of the range), which is the same on every rank of a job that creates its groups
-    collectively, and goes back to 0 when the default group is destroyed. 0 where it is missing."""
+def groups_alive() -> int:
+    """How many process groups this process is a member of in the current default group's lifetime, the
+    default group included: torch's own map of them (``_world.pg_map``, private, present in every release
+    of the range), emptied when the default group is destroyed. 0 where it is missing."""
     world = getattr(dist.distributed_c10d, "_world", None)
-    return int(getattr(world, "group_count", 0) or 0)
+    return len(getattr(world, "pg_map", None) or {})

@@ -15,17 +15,24 @@ Why it is built this way:
   the run goes on with the next case. A raise on *every* rank (a documented non-finite error) is not
   such a failure: nobody is left waiting, so the groups, and those the target built, are kept
   (``left_call``).
+* A generation that holds many groups is renewed between layouts (``before_case``), and the groups a
+  generation drops are *freed*, not only forgotten: what a framework built on them is dropped with it
+  (``per_generation``, ``at_generation_end``), torch's caches that hold meshes are emptied, and the
+  reference cycles that keep the last references are collected (``free_dropped_groups``). A gloo group's
+  threads end only when nothing refers to it.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import gc
 import json
 import os
+import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -38,7 +45,7 @@ from harness.run.aftermath import LateWatch
 from harness.judge.blame import BlameKey
 from harness.judge.checks import CaseResult
 from harness.run.truth_cache import TruthCache
-from harness.run.torch_compat import groups_created, member_group, set_group_timeout
+from harness.run.torch_compat import groups_alive, member_group, set_group_timeout
 
 
 class DeadRankError(RuntimeError):
@@ -109,33 +116,77 @@ def process_group_backend(backend: str) -> str:
     return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
 
 
-def forget_dtensor_caches() -> None:
-    """Empty DTensor's sharding-propagation caches when a generation of groups is dropped.
+MESH_CACHES = (
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh"),
+    ("torch.distributed.tensor._sharding_prop", "ShardingPropagator._propagate_tensor_meta_cached"),
+)
+"""torch's own ``functools`` caches whose keys hold a DeviceMesh (module, attribute path)."""
 
-    torch 2.13 caches output specs keyed on the DeviceMesh's *value*; the next generation's mesh is
-    equal by value but names new process groups, so a cached spec would hand a later case the old
-    generation's group names ("Could not resolve the process group registered under the name 11"),
-    or, since numbering restarts, an unrelated group of the new one: a false FAIL of a correct clip
-    (found with torchtune's TP plan after a raising case). Private torch hooks, used where present."""
+
+def forget_dtensor_caches() -> None:
+    """Empty DTensor's caches that outlive a generation of groups when it is dropped.
+
+    * Sharding propagation: torch 2.13 caches output specs keyed on the DeviceMesh's *value*; the next
+      generation's mesh is equal by value but names new process groups, so a cached spec would hand a
+      later case the old generation's group names ("Could not resolve the process group registered
+      under the name 11"), or, since numbering restarts, an unrelated group of the new one: a false FAIL
+      of a correct clip (found with torchtune's TP plan after a raising case).
+    * Every other cache whose keys or values hold a mesh (``MESH_CACHES``, and the redistribution
+      planners, keyed on a weak reference to their mesh but holding it strongly): a mesh holds its
+      groups, so each kept every mesh it ever saw alive, with its groups' threads, for the life of the
+      process.
+
+    Private torch hooks, used where present."""
     clear_cpp = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if clear_cpp is not None:
         clear_cpp()
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor import _redistribute
 
-    propagate = getattr(DTensor._op_dispatcher.sharding_propagator, "propagate_op_sharding", None)
-    for cached in (propagate, getattr(_redistribute, "_gen_transform_infos", None)):
-        if cached is not None and hasattr(cached, "cache_clear"):
-            cached.cache_clear()
+    caches: list[object] = [getattr(DTensor._op_dispatcher.sharding_propagator, "propagate_op_sharding", None)]
+    for module, path in MESH_CACHES:
+        cached: object = sys.modules.get(module)
+        for name in path.split("."):
+            cached = getattr(cached, name, None)
+        caches.append(cached)
+    for cached in caches:
+        clear = getattr(cached, "cache_clear", None)
+        if clear is not None:
+            clear()
+    clear_planners = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if clear_planners is not None:
+        clear_planners()
 
 
-GROUP_BUDGET = 40
-"""Process groups one generation may create before the end of a case starts a fresh one
-(``runner._agree``). Every mesh a case asks for stays cached for the generation (its target groups, the
-harness's twins, spans), and so do the groups a framework builds; a fuzzer or a matrix drawing many
-layouts piled up 80 per rank. Each live gloo group keeps a thread that wakes every few milliseconds:
-measured on 2 cores, 80 idle groups cost a process 10% of a core (20 groups 3%), so a warm pool of 8
-ranks burnt most of a core doing nothing. A fresh generation (~0.25 s at world 8) frees them."""
+GROUP_BUDGET = 8
+"""Process groups a rank may hold (the default group included) at the end of a case before the next
+layout starts a fresh generation (``DistWorld.before_case``). Every mesh a case asks for stays cached for
+the generation (its target groups, the harness's twins, spans), and so do the groups a framework builds
+(``per_generation``); each live gloo group keeps two worker threads and a transport thread that wakes every
+few milliseconds, so groups held idle cost CPU and threads (docs/performance.md, "Process groups: freed,
+not only forgotten")."""
+
+
+COLLECTIONS_MAX = 4
+"""Full collections ``free_dropped_groups`` makes at most (two suffice in practice: see its docstring)."""
+
+
+def free_dropped_groups() -> None:
+    """Free the process groups nothing refers to any more, so that their threads end.
+
+    Dropping them is not enough: ``destroy_process_group`` only forgets a gloo group (its ``shutdown``
+    stops no thread); the threads end when the C++ object is destroyed, and the last references to it
+    often sit in reference cycles (a framework's modules and their hooks, a DeviceMesh and its children),
+    which only a collection of the oldest generation breaks, and Python makes one rarely. One collection
+    does not always do: what it frees can release C++ objects (autograd nodes, hooks) that held the last
+    references into other cycles, garbage only for the next one; so collect until nothing is found."""
+    for _ in range(COLLECTIONS_MAX):
+        if gc.collect() == 0:
+            return
+
+
+T = TypeVar("T")
 
 
 class DistWorld:
@@ -169,6 +220,13 @@ class DistWorld:
         self._call_key: str | None = None
         self.abandoned = False
         """This rank abandoned its groups in the current generation (``abandon``): every rank must regenerate."""
+        self.groups_at_case_end = 0
+        """The most groups any rank held at the end of the last case (``runner._agree``: alike on every
+        rank); past ``GROUP_BUDGET``, a renewal is due (``before_case``)."""
+        self._dropped_groups = False  # groups were dropped since the last ``free_dropped_groups``
+        self._per_generation: dict[Hashable, Any] = {}
+        self._releases: list[Callable[[], None]] = []
+        self._last_layout: Hashable = None
         self._meshes: dict[MeshSpec, MeshGroups] = {}
         self._harness_world: dist.ProcessGroup | None = None
         self._lock = threading.Lock()
@@ -279,27 +337,80 @@ class DistWorld:
         self.abandoned = True
 
     def teardown(self) -> None:
-        """Drop every group of this generation."""
+        """Drop every group of this generation, and whatever was built on them (``per_generation``,
+        ``at_generation_end``). They are freed (their threads ended) at the next ``before_case`` or
+        ``close``, once nothing of the case that used them is left."""
         if dist.is_initialized():
             dist.destroy_process_group()
         forget_dtensor_caches()
+        self._per_generation = {}
+        releases, self._releases = self._releases, []
+        for release in releases:
+            try:
+                release()
+            except Exception as exc:  # noqa: BLE001 - a framework's reset failing leaks its groups, nothing worse
+                print(f"clipcheck: rank {self.rank}: releasing a framework's process groups failed: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         self._meshes = {}
         self._spans = {}
         self._harness_world = None
+        self._dropped_groups = True
 
-    def groups_created(self) -> int:
-        """Groups created in this generation (on every rank alike: every rank takes part in each)."""
-        return groups_created()
+    def groups_alive(self) -> int:
+        """Process groups this rank is a member of in this generation, the default group included."""
+        return groups_alive()
 
     def regenerate(self) -> None:
         """A fresh generation of groups after a failed case; every rank must call it."""
         self.teardown()
+        self._new_generation()
+
+    def _new_generation(self) -> None:
         self.generation += 1
         self._init_generation()
         self.abandoned = False
+        self.groups_at_case_end = 0
+
+    # -- what frameworks build on this generation's groups ---------------------------------------------
+    def per_generation(self, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()`` once per generation of groups for ``key``, as a training job builds its framework's
+        groups or meshes once; dropped with the generation, so that nothing of ours keeps its groups
+        alive. ``build`` is usually collective: every rank asks for the same keys in the same order."""
+        if key not in self._per_generation:
+            self._per_generation[key] = build()
+        value: T = self._per_generation[key]
+        return value
+
+    def at_generation_end(self, release: Callable[[], None]) -> None:
+        """Run ``release()`` once, when this generation's groups are dropped: it resets what a framework
+        keeps of them in its own module globals (DeepSpeed's groups, VeOmni's parallel state), whose
+        references would otherwise keep the dropped groups, and their threads, alive."""
+        if release not in self._releases:
+            self._releases.append(release)
+
+    def before_case(self, layout: Hashable) -> None:
+        """Called by every rank before a case builds its model (``layout``: what its layout is known by,
+        alike on every rank), when the last case's model is gone. The groups earlier generations dropped
+        are freed here; and when the last case ended with more than ``GROUP_BUDGET`` groups on some rank
+        and this case starts another layout (another mesh, another framework setup: new groups), the
+        generation is renewed first, its groups freed before the new ones exist. Cases of one layout
+        keep their generation: they build no new groups."""
+        new_layout = layout != self._last_layout
+        self._last_layout = layout
+        if new_layout and self.groups_at_case_end > GROUP_BUDGET:
+            self.teardown()
+            self._free_dropped_groups()
+            self._new_generation()
+        self._free_dropped_groups()
+
+    def _free_dropped_groups(self) -> None:
+        if self._dropped_groups:
+            free_dropped_groups()
+            self._dropped_groups = False
 
     def close(self) -> None:
         self.teardown()
+        self._free_dropped_groups()
 
     @property
     def exchange_deadline_s(self) -> float:

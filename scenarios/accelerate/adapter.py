@@ -93,10 +93,21 @@ def _accelerator(ctx: CaseContext, setup: AccelerateSetup) -> Any:
         state.fsdp_plugin = plugin
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     state.parallelism_config = config  # what Accelerator.__init__ does with a parallelism_config
-    state.device_mesh = config.get_device_mesh(accelerator.device.type)
+    # the mesh accelerate builds for this topology, once per generation of process groups (a job builds it
+    # once); accelerate's singleton state, which holds it, is reset when the generation ends
+    config.device_mesh = state.device_mesh = ctx.per_generation(
+        ("accelerate-mesh", setup.dp_replicate, setup.dp_shard, setup.tp),
+        lambda: config.build_device_mesh(accelerator.device.type))
+    ctx.at_generation_end(_reset_accelerate_state)
     if plugin is not None:
         config._validate_accelerator(accelerator)
     return accelerator
+
+
+def _reset_accelerate_state() -> None:
+    state_module = importlib.import_module("accelerate.state")
+    state_module.AcceleratorState._reset_state(reset_partial_state=True)
+    state_module.GradientState._reset_state()
 
 
 def _tp_placement(style: str) -> Placement:

@@ -61,7 +61,6 @@ import math
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -77,10 +76,6 @@ from .stand_ins import cpu_stand_ins, deepep_usable, ensure_imported
 from .framework import FRAMEWORK as AUTOMODEL
 from .scenario import DIM, EXPERTS, HIDDEN, NUM_EXPERTS, PREFIX, UNMARKED_SYNTHETIC, AutomodelSetup
 
-_MESHES: dict[tuple[int, int], tuple[Any, DeviceMesh, DeviceMesh | None]] = {}
-"""(world size, ep) -> (the default group they were built in, world mesh, moe mesh)."""
-
-
 def _automodel(module: str) -> Any:
     """``nemo_automodel.<module>``, imported on first use (the framework is optional here, and it ships
     no type information: mypy sees Any, in an environment with or without it)."""
@@ -89,27 +84,21 @@ def _automodel(module: str) -> Any:
 
 def automodel_meshes(ctx: CaseContext, ep: int) -> tuple[DeviceMesh, DeviceMesh | None]:
     """Automodel's FSDP2 world mesh and MoE mesh for this world and EP size, built by Automodel's
-    mesh helper once per process-group generation (a new default group drops the old ones)."""
-    mesh_utils = _automodel("components.distributed.mesh_utils")
-    sizes = _automodel("components.distributed.mesh").ParallelismSizes
+    mesh helper once per generation of process groups."""
+    def build() -> tuple[DeviceMesh, DeviceMesh | None]:
+        mesh_utils = _automodel("components.distributed.mesh_utils")
+        sizes = _automodel("components.distributed.mesh").ParallelismSizes
+        device_mesh, moe_mesh = mesh_utils._create_fsdp2_device_mesh(
+            sizes(dp_size=ctx.world_size, ep_size=ep), world_size=ctx.world_size)
+        if ctx.world is not None:  # the case timeout on every group, as the harness gives its own meshes
+            timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
+            for mesh in (device_mesh, moe_mesh, _dp_shard_cp(device_mesh)):
+                for dim in range(mesh.ndim if mesh is not None else 0):
+                    assert mesh is not None
+                    set_group_timeout(timeout, mesh.get_group(dim))
+        return device_mesh, moe_mesh
 
-    world = dist.group.WORLD
-    key = (ctx.world_size, ep)
-    hit = _MESHES.get(key)
-    if hit is not None and hit[0] is world:
-        return hit[1], hit[2]
-    if any(entry[0] is not world for entry in _MESHES.values()):
-        _MESHES.clear()
-    device_mesh, moe_mesh = mesh_utils._create_fsdp2_device_mesh(
-        sizes(dp_size=ctx.world_size, ep_size=ep), world_size=ctx.world_size)
-    if ctx.world is not None:  # the case timeout on every group, as the harness gives its own meshes
-        timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
-        for mesh in (device_mesh, moe_mesh, _dp_shard_cp(device_mesh)):
-            for dim in range(mesh.ndim if mesh is not None else 0):
-                assert mesh is not None
-                set_group_timeout(timeout, mesh.get_group(dim))
-    _MESHES[key] = (world, device_mesh, moe_mesh)
-    return device_mesh, moe_mesh
+    return ctx.per_generation(("automodel-meshes", ctx.world_size, ep), build)
 
 
 def _dp_shard_cp(device_mesh: DeviceMesh) -> DeviceMesh:

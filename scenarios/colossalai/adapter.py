@@ -138,28 +138,20 @@ def _no_shard_policy() -> Any:
     return NoShardPolicy()
 
 
-# plugins (and so their process groups) by (generation, moe, ep size, precision): every rank builds
-# or reuses together, since building one is collective
-_PLUGINS: dict[tuple[int, bool, int, str], Any] = {}
-
-
 def _plugin(ctx: CaseContext, setup: ColossalAISetup, precision: str) -> Any:
-    generation = ctx.world.generation if ctx.world is not None else -1
-    key = (generation, setup.moe, setup.ep_size, precision)
-    plugin = _PLUGINS.get(key)
-    if plugin is None:
-        for stale in [k for k in _PLUGINS if k[0] != generation]:
-            del _PLUGINS[stale]
+    """The Booster plugin for this layout and precision, built once per generation of process groups
+    (building one creates its groups, collectively: every rank builds or reuses together)."""
+    def build() -> Any:
         common = dict(tp_size=1, pp_size=1, zero_stage=1, precision=precision, custom_policy=_no_shard_policy(),
                       max_norm=ctx.case.max_norm)
         if setup.moe:
             moe = _colossalai("booster.plugin.moe_hybrid_parallel_plugin")
-            plugin = moe.MoeHybridParallelPlugin(ep_size=setup.ep_size, **common)
-        else:
-            # its default overlaps the reduction on a CUDA side stream; the MoE plugin turns it off itself
-            hybrid = _colossalai("booster.plugin.hybrid_parallel_plugin")
-            plugin = hybrid.HybridParallelPlugin(overlap_communication=False, **common)
-        _PLUGINS[key] = plugin
+            return moe.MoeHybridParallelPlugin(ep_size=setup.ep_size, **common)
+        # its default overlaps the reduction on a CUDA side stream; the MoE plugin turns it off itself
+        hybrid = _colossalai("booster.plugin.hybrid_parallel_plugin")
+        return hybrid.HybridParallelPlugin(overlap_communication=False, **common)
+
+    plugin = ctx.per_generation(("colossalai-plugin", setup.moe, setup.ep_size, precision), build)
     plugin.max_norm = ctx.case.max_norm
     return plugin
 

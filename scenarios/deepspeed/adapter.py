@@ -68,11 +68,29 @@ def _import_deepspeed(device: torch.device) -> Any:
     return importlib.import_module("deepspeed")
 
 
-# DeepSpeed's EP/EDP/DP groups for the current generation of process groups, by ep size: built once
-# and handed back to DeepSpeed for every later case, since new groups every case (never freed until
-# the generation ends) piled up hundreds of gloo groups and their threads per rank at world 8
-# (the key is what every rank knows alike, so every rank builds or reuses together: groups are collective)
-_BUILT: dict[tuple[int, int], dict[str, Any]] = {}
+def _forget_groups() -> None:
+    """Reset DeepSpeed's group caches (module globals of ``deepspeed.utils.groups``): what they hold of a
+    dropped generation would keep its groups, and their threads, alive for the rest of the run."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is None:
+        return
+    for name in _GROUP_CACHES_DICT:
+        setattr(groups, name, {})
+    for name in _GROUP_CACHES_NONE:
+        setattr(groups, name, None)
+
+
+def _build_groups(ep: int) -> dict[str, Any]:
+    """DeepSpeed's EP/EDP/DP groups for ``ep``, built by DeepSpeed (collective: every rank), and the
+    caches that hold them, to hand back to DeepSpeed for every later case of this generation: new groups
+    every case piled up hundreds of gloo groups and their threads per rank at world 8."""
+    from deepspeed.utils import groups
+
+    _forget_groups()
+    groups._create_expert_and_data_parallel(ep)
+    groups._get_data_parallel_group()  # its first call builds a group: every rank, now
+    return {name: (dict(getattr(groups, name)) if name in _GROUP_CACHES_DICT else getattr(groups, name))
+            for name in _GROUP_CACHES_DICT + _GROUP_CACHES_NONE}
 
 
 def _prepare_groups(ctx: CaseContext) -> None:
@@ -81,23 +99,11 @@ def _prepare_groups(ctx: CaseContext) -> None:
     from deepspeed.utils import groups
 
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
-    generation = ctx.world.generation if ctx.world is not None else -1
-    key = (generation, ctx.group_size(MeshAxis.EP))
-    built = _BUILT.get(key)
-    if built is not None:
-        for name, value in built.items():
-            setattr(groups, name, dict(value) if isinstance(value, dict) else value)
-        return
-    for name in _GROUP_CACHES_DICT:
-        setattr(groups, name, {})
-    for name in _GROUP_CACHES_NONE:
-        setattr(groups, name, None)
-    groups._create_expert_and_data_parallel(ctx.group_size(MeshAxis.EP))  # collective: every rank
-    groups._get_data_parallel_group()  # its first call builds a group: every rank, now
-    for stale in [k for k in _BUILT if k[0] != generation]:  # groups of an ended generation
-        del _BUILT[stale]
-    _BUILT[key] = {name: (dict(getattr(groups, name)) if name in _GROUP_CACHES_DICT else getattr(groups, name))
-                   for name in _GROUP_CACHES_DICT + _GROUP_CACHES_NONE}
+    ep = ctx.group_size(MeshAxis.EP)
+    built = ctx.per_generation(("deepspeed-groups", ep), lambda: _build_groups(ep))
+    ctx.at_generation_end(_forget_groups)
+    for name, value in built.items():
+        setattr(groups, name, dict(value) if isinstance(value, dict) else value)
 
 
 def dress_runtime(model: nn.Module, ctx: CaseContext) -> None:

@@ -70,8 +70,6 @@ from harness.run.torch_compat import set_group_timeout
 from .framework import FRAMEWORK as VEOMNI
 from .scenario import BASE, EXPERTS, HIDDEN, INTERMEDIATE, LORA_RANK, NUM_EXPERTS, Q_OUT, VeomniSetup
 
-_SEEN_WORLD: list[Any] = [None]  # the default process group VeOmni's cached states were built in
-
 
 class VeomniToyExperts(nn.Module):
     """The v5 fused MoE experts layout ``LoraSharedExperts`` wraps (Qwen3-MoE on transformers >= 5)."""
@@ -131,22 +129,28 @@ def _quiet() -> None:
 
 
 def _parallel_state(ctx: CaseContext, setup: VeomniSetup) -> Any:
+    """VeOmni's parallel state for this topology, built by VeOmni once per generation of process groups
+    and made current; VeOmni's own cache of states is cleared when the generation ends (it holds their
+    meshes, and so their groups)."""
     parallel_state = _veomni("distributed.parallel_state")
-    if _SEEN_WORLD[0] is not dist.group.WORLD:  # a new generation of groups: VeOmni's cached meshes are dead
-        parallel_state.clear_parallel_state()
-        _SEEN_WORLD[0] = dist.group.WORLD
-    state = parallel_state.init_parallel_state(
-        dp_size=setup.dp_replicate * setup.dp_shard, dp_replicate_size=setup.dp_replicate,
-        dp_shard_size=setup.dp_shard, extra_parallel_sizes=(setup.ep,), dp_mode="fsdp2",
-        device_type=ctx.device.type, name=None,
-    )
+
+    def build() -> Any:
+        state = parallel_state.init_parallel_state(
+            dp_size=setup.dp_replicate * setup.dp_shard, dp_replicate_size=setup.dp_replicate,
+            dp_shard_size=setup.dp_shard, extra_parallel_sizes=(setup.ep,), dp_mode="fsdp2",
+            device_type=ctx.device.type, name=None,
+        )
+        if ctx.world is not None:
+            timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
+            meshes = [state.device_mesh] + [m for m in state.extra_parallel_fsdp_device_mesh.values() if m is not None]
+            for mesh in meshes:
+                for group in mesh.get_all_groups():
+                    set_group_timeout(timeout, group)
+        return state
+
+    ctx.at_generation_end(parallel_state.clear_parallel_state)
+    state = ctx.per_generation(("veomni-parallel-state", setup.dp_replicate, setup.dp_shard, setup.ep), build)
     parallel_state.set_parallel_state(state)
-    if ctx.world is not None:
-        timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
-        meshes = [state.device_mesh] + [m for m in state.extra_parallel_fsdp_device_mesh.values() if m is not None]
-        for mesh in meshes:
-            for group in mesh.get_all_groups():
-                set_group_timeout(timeout, group)
     return state
 
 

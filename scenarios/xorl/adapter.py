@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import sys
 from types import SimpleNamespace
 from typing import Any, Mapping, cast
 
@@ -66,8 +67,6 @@ from .framework import FRAMEWORK as XORL
 from .scenario import HIDDEN, INTERMEDIATE, RANK, XorlSetup
 
 TOP_K = 2
-_STATES: dict[tuple[int, int], Any] = {}  # xorl parallel states by (world, ep), for one generation of groups
-_SEEN_WORLD: list[Any] = [None]
 
 
 class XorlToyDecoderLayer(nn.Module):
@@ -98,22 +97,32 @@ def refuses(variant: Any) -> str | None:
 
 
 def _parallel_state(ctx: CaseContext, ep: int) -> None:
+    """xorl's parallel state for this world and EP size, built by xorl once per generation of process
+    groups and made current; xorl's module global is reset when the generation ends (it holds the
+    state's meshes, and so their groups)."""
     parallel_state = importlib.import_module("xorl.distributed.parallel_state")
-    if _SEEN_WORLD[0] is not dist.group.WORLD:  # a new generation of groups: the cached meshes are dead
-        _STATES.clear()
-        _SEEN_WORLD[0] = dist.group.WORLD
-    key = (ctx.world_size, ep)
-    if key not in _STATES:
+
+    def build() -> Any:
         setattr(parallel_state, "_PARALLEL_STATE", None)
         parallel_state.init_parallel_state(dp_size=ctx.world_size, dp_shard_size=ctx.world_size, ep_size=ep,
                                            dp_mode="fsdp2", device_type=ctx.device.type, ep_intranode=False)
-        state = _STATES[key] = parallel_state.get_parallel_state()
+        state = parallel_state.get_parallel_state()
         if ctx.world is not None:
             timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
             for mesh in (state.device_mesh, state.ep_fsdp_device_mesh):
                 for group in mesh.get_all_groups() if mesh is not None else ():
                     set_group_timeout(timeout, group)
-    setattr(parallel_state, "_PARALLEL_STATE", _STATES[key])
+        return state
+
+    state = ctx.per_generation(("xorl-parallel-state", ctx.world_size, ep), build)
+    ctx.at_generation_end(_forget_parallel_state)
+    setattr(parallel_state, "_PARALLEL_STATE", state)
+
+
+def _forget_parallel_state() -> None:
+    parallel_state = sys.modules.get("xorl.distributed.parallel_state")
+    if parallel_state is not None:
+        setattr(parallel_state, "_PARALLEL_STATE", None)
 
 
 def dress(model: nn.Module, ctx: CaseContext) -> None:
