@@ -96,7 +96,11 @@ def exit_on_rank0(model, *, max_norm, norm_type=2.0):
 
 
 def sleep_forever_on_rank1(model, *, max_norm, norm_type=2.0):
-    """hang: rank 1 sleeps (in Python) past every deadline: a run that is busy when it is stopped."""
+    """hang: rank 1 sleeps (in Python) past every deadline: a run that is busy when it is stopped. With
+    CLIPCHECK_TEST_MARKER set, each rank first creates that path plus its rank: it has reached the case."""
+    marker = os.environ.get("CLIPCHECK_TEST_MARKER")
+    if marker:
+        open(f"{marker}{dist.get_rank()}", "w").close()
     if dist.get_rank() == 1:
         time.sleep(3600)
     return reference(model, max_norm=max_norm, norm_type=norm_type)

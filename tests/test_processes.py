@@ -5,7 +5,10 @@ Fault targets: tests/fault_targets.py."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,7 +16,8 @@ import pytest
 
 import harness
 from harness.judge.verdicts import EXIT_BROKEN
-from harness_runs import alive, descendants, failed, run_clipcheck, run_harness, start_harness, wait_until
+from harness_runs import ROOT, alive, descendants, failed, harness_env, run_clipcheck, run_harness, start_harness, \
+    wait_until
 
 pytestmark = pytest.mark.distributed
 
@@ -82,24 +86,66 @@ def _sleepers() -> list[str]:
     return found
 
 
-# -- 30.8: SIGKILL with spawned ranks ------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["run", "matrix"])
-def test_spawned_ranks_die_with_a_launcher_killed_outright(tmp_path, command):
-    """30.8: spawned ranks (--spawn-ranks; every nccl/CUDA run) start in a session of their own, and lived
-    on for minutes after `clipcheck run` or `clipcheck matrix` was SIGKILLed. They die with their parent
-    now, and a launcher with its matrix."""
-    args = [*ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1", "--timeout", "600", "--spawn-ranks"]
-    head = (["run", "--nproc", "2"] if command == "run"
-            else ["matrix", "--nproc-list", "2", "--out", str(tmp_path / "m")])
-    proc = start_harness([*head, *args])
-    try:
-        wait_until(lambda: len(descendants(proc.pid)) >= (2 if command == "run" else 3), 240, "the ranks")
-        time.sleep(3)  # into the case
+# -- every process a launcher starts dies with it ---------------------------------------------------------------
+LAUNCHERS = {  # command line, processes under the killed one once the case runs
+    "run --spawn-ranks": (["run", "--nproc", "2", "--spawn-ranks"], 2),
+    "run": (["run", "--nproc", "2"], 2),
+    "matrix --spawn-ranks": (["matrix", "--nproc-list", "2", "--spawn-ranks"], 3),
+    "matrix": (["matrix", "--nproc-list", "2"], 3),
+    "torchrun": ([], 2),
+}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_no_process_outlives_a_launcher_killed_outright(tmp_path, launcher):
+    """Whatever a launcher starts (its `clipcheck run` child, the ranks, spawned or forked) dies with it
+    when it is SIGKILLed while a case runs, through every launcher. Spawned ranks start in a session of
+    their own and once lived on for minutes; `clipcheck matrix --spawn-ranks` killed outright was found
+    with its launcher and both ranks alive 65 s later. Each process now dies with its parent twice over:
+    the kernel's parent-death signal and a thread watching the parent (`run.family.watch_parent`)."""
+    head, expected = LAUNCHERS[launcher]
+    if head and head[0] == "matrix":
+        head = [*head, "--out", str(tmp_path / "m")]
+    args = [*ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1", "--timeout", "600"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "harness"]
+    marker = str(tmp_path / "in-the-case-")
+    proc = start_harness([*head, *args], launcher=torchrun if launcher == "torchrun" else None,
+                         CLIPCHECK_TEST_MARKER=marker)
+    try:  # killed once both ranks are in the case (a rank still starting cannot yet know whom to die with)
+        wait_until(lambda: all(os.path.exists(f"{marker}{r}") for r in (0, 1)), 240, "both ranks in the case")
         family = descendants(proc.pid)
+        assert len(family) >= expected, family
     finally:
         proc.kill()
         proc.communicate(timeout=60)
-    wait_until(lambda: not alive(family), 30, f"no rank left behind (left: {alive(family)})")
+    wait_until(lambda: not alive(family), 15, f"no process left behind (left: {alive(family)})")
+
+
+def test_a_process_whose_parent_died_ends_itself_and_its_children(tmp_path):
+    """The watch alone (as where the kernel's parent-death signal is refused): a process watching a parent
+    that dies ends its own child and itself within seconds."""
+    script = tmp_path / "watched.py"
+    script.write_text(
+        "import os, subprocess, sys, time\n"
+        "from harness.run.family import adopt_orphans, watch_parent\n"
+        "pid = os.fork()\n"
+        "if pid:\n"
+        "    time.sleep(3600)\n"  # the parent: killed by the test
+        "parent = os.getppid()\n"
+        "adopt_orphans()\n"
+        "child = subprocess.Popen(['sleep', '3600'])\n"
+        "watch_parent(parent)\n"
+        "print(os.getpid(), child.pid, flush=True)\n"
+        "time.sleep(3600)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env=harness_env(), stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        watcher, child = (int(x) for x in proc.stdout.readline().split())
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    wait_until(lambda: not alive({watcher, child}), 15, f"the watcher and its child gone (left: "
+                                                        f"{alive({watcher, child})})")
 
 
 # -- 30.12: a thread a clip leaves running ---------------------------------------------------------------------
@@ -144,7 +190,7 @@ def test_a_rank_that_raised_and_a_rank_left_waiting_are_both_named(tmp_path):
     in a collective; the record named only one side. Now the case names both: who raised (and what), and
     who was left waiting, with its stack."""
     run = run_clipcheck(2, [*ONE_CASE, "--target", f"{FAULTS}:raise_on_rank1_while_rank0_waits,reference",
-                            "--timeout", "5"], tmp_path, timeout=400)
+                            "--timeout", "3"], tmp_path, timeout=400)
     case = run.one(target=f"{FAULTS}:raise_on_rank1_while_rank0_waits")
     assert case["verdict"] == "ERROR" and "hang" in case["checks"], case["checks"]
     detail = case["checks"]["hang"]["detail"]
@@ -157,7 +203,7 @@ def test_a_warm_world_names_both_sides_too():
     """29.6 through harness.check: the pool's record names the hung rank and the one that raised."""
     report = harness.check("tests/fault_targets.py:raise_on_rank1_while_rank0_waits", scenarios=["dense_dp"],
                            worlds=[2], dtypes=["fp32"], norm_types=[2], clip_ratios=[0.5], variant="replicated",
-                           timeout_s=5)
+                           timeout_s=3)
     (case,) = report.cases
     detail = case["checks"]["hang"]["detail"]
     assert "rank 0 hung" in detail and "IndexError" in detail, detail

@@ -10,7 +10,7 @@ frameworks, a rank starts with all of it in copy-on-write memory (the same launc
 
 torchrun's elastic agent still runs the ranks (a function entry point, ``start_method="fork"``), so
 how a rank's death, a hang or SIGTERM is handled is unchanged. What a fork would carry over from the
-launcher and a fresh process would not have, ``_like_a_fresh_rank`` undoes:
+launcher and a fresh process would not have, ``like_a_fresh_rank`` undoes:
 
 * the launcher's sockets (the agent's store): a rank whose target raised shuts down every TCP
   connection it holds (``run.release``), and would cut the agent's as well; they are detached,
@@ -36,7 +36,7 @@ from typing import IO, Any, Callable, Sequence
 
 import torch
 
-from harness.run.family import die_with_parent, end_descendants, keep_together
+from harness.run.family import die_with_parent, end_descendants, keep_together, watch_parent
 from harness.cases.plan import Plan
 
 
@@ -73,7 +73,9 @@ def _detach_inherited_sockets() -> None:
         os.close(null)
 
 
-def _like_a_fresh_rank() -> None:
+def like_a_fresh_rank() -> None:
+    """What a rank forked from a launcher does first, so that it behaves as one started afresh (the
+    module docstring's list): any function entry point run by the elastic agent with ``fork``."""
     die_with_parent()
     _detach_inherited_sockets()
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
@@ -87,7 +89,7 @@ def _like_a_fresh_rank() -> None:
 def forked_rank(plan: Plan, argv: Sequence[str]) -> None:
     """A forked rank's entry point (the elastic agent calls it with RANK, WORLD_SIZE, ... set): the
     launcher's plan, the run of ``python -m harness`` otherwise; exits with its status."""
-    _like_a_fresh_rank()
+    like_a_fresh_rank()
     from harness.commands.run import run_main
 
     keep_together()
@@ -109,7 +111,8 @@ class ForkedProcess:
     def __init__(self, fn: Callable[..., int], args: tuple[Any, ...], log: IO[str]) -> None:
         sys.stdout.flush()  # what is buffered here would be written again by the child
         sys.stderr.flush()
-        self._process = mp.get_context("fork").Process(target=_in_own_group, args=(fn, args, log.fileno()))
+        self._process = mp.get_context("fork").Process(target=_in_own_group,
+                                                       args=(fn, args, log.fileno(), os.getpid()))
         self._process.start()
         assert self._process.pid is not None
         self.pid: int = self._process.pid
@@ -133,12 +136,13 @@ class ForkedProcess:
         return self.returncode
 
 
-def _in_own_group(fn: Callable[..., int], args: tuple[Any, ...], log_fd: int) -> None:
+def _in_own_group(fn: Callable[..., int], args: tuple[Any, ...], log_fd: int, parent_pid: int) -> None:
     try:
         os.setpgid(0, 0)
     except OSError:  # the parent got there first
         pass
-    die_with_parent()
+    die_with_parent(parent_pid)
+    watch_parent(parent_pid)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the matrix's own handlers

@@ -10,6 +10,11 @@ survived the launcher. So:
   (``die_with_parent``; ``PARENT_PID_ENV`` tells a spawned one which parent that is, so a parent that
   died before the request took hold is noticed), and a rank's forked children do the same
   (``children_die_with_this_process``);
+* a process that knows its parent's pid also watches it (``watch_parent``): the kernel's request is
+  tied to the parent *thread* and silently refused where ``prctl`` is (a sandbox, not Linux), and a
+  launcher whose matrix was killed outright was once found alive with both its ranks a minute later;
+  the watch ends the process and its descendants within ``PARENT_POLL_S`` whatever happened to the
+  request;
 * launchers and ranks adopt their orphaned descendants (``adopt_orphans``) and end every descendant
   they did not start before they leave (``end_descendants``).
 
@@ -21,11 +26,15 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 PARENT_PID_ENV = "CLIPCHECK_PARENT_PID"
 """Set by a launcher for the processes it starts: the pid they must die with."""
+
+PARENT_POLL_S = 0.5
+"""How often ``watch_parent`` looks at the parent."""
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -54,10 +63,24 @@ def keep_together() -> None:
     parent = os.environ.get(PARENT_PID_ENV, "")
     if parent.isdigit():
         die_with_parent(int(parent))
+        watch_parent(int(parent))
     elif "TORCHELASTIC_RUN_ID" in os.environ:
         die_with_parent()
+        watch_parent(os.getppid())
     children_die_with_this_process()
     adopt_orphans()
+
+
+def watch_parent(parent_pid: int) -> None:
+    """A daemon thread that, once this process's parent is no longer ``parent_pid`` (it died: the
+    process was re-parented), SIGKILLs every descendant of this process and then the process itself."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        end_descendants()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="clipcheck-parent-watch", daemon=True).start()
 
 
 _CHILDREN_DIE = False
@@ -90,14 +113,14 @@ def has_children() -> bool:
     return True
 
 
-def descendants(pid: int | None = None) -> set[int]:
-    """Every live process whose ancestry reaches ``pid`` (this process by default), from /proc."""
-    root = os.getpid() if pid is None else pid
+def process_parents() -> dict[int, int]:
+    """Every live process's parent pid, from /proc (zombies left out): one scan for any number of
+    ancestry questions."""
     parents: dict[int, int] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return set()
+        return parents
     for entry in entries:
         if entry.isdigit():
             try:
@@ -106,6 +129,14 @@ def descendants(pid: int | None = None) -> set[int]:
                 continue
             if fields[0] != "Z":
                 parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int | None = None, parents: dict[int, int] | None = None) -> set[int]:
+    """Every live process whose ancestry reaches ``pid`` (this process by default); ``parents`` is a
+    ``process_parents`` scan to reuse."""
+    root = os.getpid() if pid is None else pid
+    parents = process_parents() if parents is None else parents
     found: set[int] = set()
     frontier = {root}
     while frontier:
