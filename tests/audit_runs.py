@@ -1,4 +1,5 @@
-"""Run a user's training script (tests/audit_jobs/) under torchrun from a test and read what rank 0 wrote."""
+"""Run a user's training script (tests/audit_jobs/) under torchrun from a test and read what rank 0 wrote
+(the ranks forked after the job's imports unless a test asks for torchrun itself: tests/forked_torchrun.py)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ class JobRun:
 
 
 def run_job(script: str, nproc: int, args: list[str], tmp_path: Path, timeout: float = 600,
-            env: dict[str, str] | None = None) -> JobRun:
-    """``torchrun --standalone --nproc_per_node=nproc tests/audit_jobs/<script> <args> OUT`` on this checkout."""
+            env: dict[str, str] | None = None, torchrun: bool = False) -> JobRun:
+    """``torchrun --standalone --nproc_per_node=nproc tests/audit_jobs/<script> <args> OUT`` on this checkout:
+    the ranks forked after the job's imports (tests/forked_torchrun.py), or with ``torchrun``, torchrun itself."""
     out = tmp_path / f"{Path(script).stem}-{nproc}-{abs(hash(tuple(args)))}.json"
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(JOBS / script), args[0], str(out), *args[1:]]
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun
+                else [sys.executable, str(ROOT / "tests" / "forked_torchrun.py"), "--nproc", str(nproc),
+                      "--nested-imports"])
+    cmd = [*launcher, str(JOBS / script), args[0], str(out), *args[1:]]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     full_env.update(env or {})
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -3,10 +3,7 @@ FSDP2+TP prepared by accelerate, and TP models with plain and DTensor parameters
 not installed, its cases must be skips carrying the install hint."""
 
 import importlib.metadata
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +11,7 @@ from harness.scenarios.accelerate import FRAMEWORK as ACCELERATE
 from harness.scenarios.accelerate.adapter import TARGETS as ACCELERATE_TARGETS
 from harness.scenarios.accelerate.adapter import transformers_major
 from harness_runs import ROOT, expect_skips, failed, run_clipcheck
+from repro_runs import stdout_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -161,15 +159,6 @@ def test_gradients_come_through_accelerate_backward():
     assert {t.name for t in ACCELERATE_TARGETS} == set(TARGETS)
 
 
-def run_repro(nproc: int, script: str, python: str = sys.executable, timeout: float = 300) -> list[str]:
-    """A standalone reproduction under torchrun (no clipcheck): its stdout lines."""
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(ROOT / script)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()
-
-
 REPORT = re.compile(r"reported=(\S+) true=(\S+) ratio=(\S+)$")
 
 
@@ -186,7 +175,7 @@ def test_repro_tp_plain_experts():
     ratio 0.975577 at world 2; 5.5 to 5.14: every shard, checked with 5.5.4, 5.10.4, 5.14.1: ratio
     0.88) each rank reports its own, too small norm; with transformers from 5.16 (the pinned 5.18.0)
     every TP shard is a DTensor, no plain shard arises and the clip is exact."""
-    lines = run_repro(2, "scenarios/accelerate/repro_tp_plain_experts.py")
+    lines = stdout_lines("scenarios/accelerate/repro_tp_plain_experts.py", 2)
     match = REPORT.match(lines[-1])
     assert match, lines
     reported, true, ratio = (float(x) for x in match.groups())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,7 @@ from harness.cases.layout import LayoutError
 from harness.cases.measured import Holding, candidates, class_tokens, read_audit, world_mesh
 from harness.judge.records import Replication, StatsTable
 from harness.judge.truth import measured_norm
-from harness_runs import ROOT
+from harness_runs import harness_process
 
 
 def _holding(rank: int, name: str, words: tuple[int, ...], zero: bool = False, sq: float = 1.0) -> Holding:
@@ -100,7 +99,9 @@ def test_auditing_wraps_the_clip_someone_else_calls():
 @pytest.mark.distributed
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_correct_clip_passes_from_a_real_backward(nproc, tmp_path):
-    run = run_job("toy.py", nproc, ["correct", "restore"], tmp_path)
+    """Under torchrun itself (each rank importing afresh), as a user's job runs; the other jobs of the suite
+    fork their ranks after the imports."""
+    run = run_job("toy.py", nproc, ["correct", "restore"], tmp_path, torchrun=True)
     assert run.found is not None and run.found["verdict"] == "PASS", run.stderr[-3000:]
     assert run.found["restored"]  # restore=True: every rank's gradients bit for bit as before the audit
     assert run.record["scenario"] == "audit"
@@ -164,9 +165,8 @@ def test_capture_and_replay_round_trip(tmp_path):
     found = json.loads(saved.read_text())["found"]
     for target, verdict in (("reference", "PASS"), ("torch", "FAIL")):
         jsonl = tmp_path / f"replay-{target}.jsonl"
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--from-audit", str(saved), "--target", target,
-                               "--json", str(jsonl)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = harness_process([sys.executable, "-m", "harness", "run", "--from-audit", str(saved), "--target", target,
+                                "--json", str(jsonl)], {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
         case = next(rec for rec in map(json.loads, jsonl.read_text().splitlines()) if rec.get("type") == "case")
         assert case["verdict"] == verdict, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert case["true_norm"] == pytest.approx(found["truth"], rel=1e-6)

@@ -101,7 +101,7 @@ def test_repro_te_experts_ep_norm(nproc):
     before it (0.6.0) the norm misses the other EP ranks' experts."""
     if AUTOMODEL.unavailable():
         pytest.skip(AUTOMODEL.unavailable())
-    _, reported, true, ratio = run_repro(REPRO, nproc)
+    _, reported, true, ratio = run_repro(REPRO, nproc, nested_imports=False)  # it puts CPU stand-ins in place first
     if _version() >= "0.7.0":
         assert ratio == "1.000000", (reported, true)  # PR #3817 holds
     else:

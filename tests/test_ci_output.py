@@ -4,8 +4,8 @@ report.html a replay command for each failing case, a skip reason (an install hi
 
 from __future__ import annotations
 
+import os
 import shlex
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -19,7 +19,7 @@ from harness.commands.matrix import default_matrix_path
 from harness.report.failures import failures_text, replay_command
 from harness.report.html import render_html
 from harness.report.junit import junit_xml
-from harness_runs import ROOT
+from harness_runs import harness_process
 
 
 def _record(case, world: int, backend: str, verdict: str = "PASS") -> dict:
@@ -72,8 +72,8 @@ def test_describe_lists_only_failing_cases_each_with_a_replay_that_runs_that_cas
     first = report.failures[0]
     command = shlex.split(replay_command(first))
     assert command[:2] == ["clipcheck", "run"]
-    replayed = subprocess.run([sys.executable, "-m", "harness", *command[1:], "--json", str(tmp_path / "r.jsonl")],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    replayed = harness_process([sys.executable, "-m", "harness", *command[1:], "--json", str(tmp_path / "r.jsonl")],
+                               dict(os.environ), timeout=300, cwd=tmp_path)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
     assert "1 cases, 0 passed, 1 failed" in replayed.stdout, replayed.stdout
     again = [line for line in replayed.stdout.splitlines() if line.startswith("dense_dp ")]
@@ -109,9 +109,9 @@ def test_a_skip_reason_is_printed_once_per_run(tmp_path):
         "    name = 'needs_missing'\n"
         "    requires = Framework('not-a-real-framework', 'not_a_real_module_xyz', None,\n"
         "                         'pip install not-a-real-framework')\n")
-    run = subprocess.run([sys.executable, "-m", "harness", "run", "--nproc", "1",
-                          "--scenario", f"{scenario}:NeedsMissing", "--dtype", "fp32,bf16"],
-                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    run = harness_process([sys.executable, "-m", "harness", "run", "--nproc", "1",
+                           "--scenario", f"{scenario}:NeedsMissing", "--dtype", "fp32,bf16"], dict(os.environ),
+                          timeout=300)
     out = run.stdout
     assert run.returncode == 4, out + run.stderr  # nothing judged
     assert out.count("pip install not-a-real-framework") == 1, out

@@ -5,16 +5,14 @@ is not installed, its cases are skips carrying the install hint and the reproduc
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
 from harness.scenarios.deepspeed.framework import RELEASES
-from harness_runs import ROOT, expect_skips, failed, run_clipcheck
+from harness_runs import expect_skips, failed, run_clipcheck
+from repro_runs import run_script
 
 pytestmark = pytest.mark.distributed
 
@@ -87,12 +85,8 @@ def test_deepspeed_engine_reduces_experts_over_their_data_parallel_group(engine_
 def _repro(script: str, nproc: int) -> str:
     if DEEPSPEED.unavailable():
         pytest.skip(f"deepspeed is not installed: {DEEPSPEED.install}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(ROOT / "scenarios" / "deepspeed" / script)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return run_script(f"scenarios/deepspeed/{script}", nproc,
+                      env={"DS_ACCELERATOR": "cpu"}, timeout=240).stdout
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -4,15 +4,13 @@ NaN held by a rank other than 0; both findings reproduced by the standalone scri
 ``scenarios/fsdp2/``."""
 
 import math
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from harness.scenarios.fsdp2 import TARGETS
-from harness_runs import ROOT, failed, run_clipcheck
+from harness_runs import failed, run_clipcheck
+from repro_runs import stdout_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -61,11 +59,7 @@ def test_inf_norm_drops_the_last_ranks_nan(fsdp2_world4):
 
 def torchrun(script: str, nproc: int, *args: str) -> str:
     """The last line rank 0 printed, from a standalone run of one of the repository's scripts."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(ROOT / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()[-1]
+    return stdout_lines(script, nproc, *args)[-1]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -20,6 +20,7 @@ from harness.commands import matrix as matrix_command
 from harness.commands.options import spec_from_args
 from harness.commands.project import ProjectDefaults, find_pyproject, project_defaults
 from harness.errors import ClipcheckInputError
+from harness_runs import harness_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,8 +47,7 @@ def project(tmp_path: Path, text: str = PROJECT) -> Path:
 def clipcheck(args: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.pop("NPROC_LIST", None)
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return harness_process([sys.executable, "-m", "harness", *args], env, timeout, cwd=cwd)
 
 
 # -- reading the table ----------------------------------------------------------------------------------

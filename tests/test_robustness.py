@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import broken_targets
-from harness_runs import ROOT, descendants, run_clipcheck, run_harness
+from harness_runs import ROOT, descendants, harness_process, run_clipcheck, run_harness
 
 pytestmark = pytest.mark.distributed
 
@@ -145,8 +145,7 @@ def test_an_import_error_on_one_rank_is_printed_with_its_rank(tmp_path):
 # -- matrix -------------------------------------------------------------------------------------------------
 def run_matrix(args: list[str], out: Path, timeout: float = 400) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness", "matrix", *args, "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return harness_process([sys.executable, "-m", "harness", "matrix", *args, "--out", str(out)], env, timeout)
 
 
 def test_a_matrix_whose_rank_died_is_not_a_pass(tmp_path):
@@ -200,9 +199,8 @@ def test_interrupting_the_matrix_leaves_no_process_and_merges_what_finished(tmp_
 def test_fuzz_with_a_target_that_kills_a_rank_ends_in_bounded_time(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--target", f"{BROKEN}:exit_on_rank1",
-                           "--examples", "5", "--world", "2", "--timeout", "10"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180)
+    proc = harness_process([sys.executable, "-m", "harness", "fuzz", "--target", f"{BROKEN}:exit_on_rank1",
+                            "--examples", "5", "--world", "2", "--timeout", "10"], env, timeout=180)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "crash" in proc.stdout + proc.stderr
     assert time.monotonic() - start < 90
@@ -252,12 +250,23 @@ CORRECT_POLICIES = ["reference", f"{CORRECT}:raise_on_nonfinite", f"{CORRECT}:ra
                     f"{CORRECT}:grad_dtype_accumulation", f"{CORRECT}:foreach_kernels"]
 
 
+@pytest.fixture(scope="module")
+def red_team_runs(tmp_path_factory):
+    """One launch per (scenario, variant, dtype) of ``RED_TEAM``: its escapes, then the correct clips, which
+    judge every layout once however many escapes share it (and must pass after whatever the escapes did)."""
+    runs = {}
+    for where in sorted(set(RED_TEAM.values())):
+        scenario, variant, dtype = where
+        escapes = [f"{BROKEN}:{name}" for name in sorted(RED_TEAM) if RED_TEAM[name] == where]
+        runs[where] = run_clipcheck(2, ["--scenario", scenario, "--variant", variant, "--dtype", dtype, "--norm-type",
+                                        "2", "--clip-ratio", "0.5", "--target", ",".join([*escapes, *CORRECT_POLICIES])],
+                                    tmp_path_factory.mktemp("red-team"), timeout=400)
+    return runs
+
+
 @pytest.mark.parametrize("name", sorted(RED_TEAM))
-def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently_pass(tmp_path, name):
-    scenario, variant, dtype = RED_TEAM[name]
-    run = run_clipcheck(2, ["--scenario", scenario, "--variant", variant, "--dtype", dtype, "--norm-type", "2",
-                            "--clip-ratio", "0.5", "--target", ",".join([f"{BROKEN}:{name}", *CORRECT_POLICIES])],
-                        tmp_path, timeout=240)
+def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently_pass(red_team_runs, name):
+    run = red_team_runs[RED_TEAM[name]]
     faulty = run.cases(target=f"{BROKEN}:{name}")
     assert faulty and all(c["verdict"] == "FAIL" and expected_check(name) in failed_checks(c) for c in faulty), \
         [(c["layout"], c["checks"]) for c in faulty]

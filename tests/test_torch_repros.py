@@ -5,24 +5,19 @@ its figures checked, so a finding can be filed upstream as it stands."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from harness_runs import ROOT
+from repro_runs import run_script
 
 pytestmark = pytest.mark.distributed
 
 
 def run_repro(script: str, nproc: int = 2) -> list[dict[str, float]]:
     """The ``key=value`` lines rank 0 printed, as numbers; the script must exit 0."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)  # no clipcheck on the path: the script stands alone
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(ROOT / script)], cwd="/", env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # torchrun itself, from /, nothing of clipcheck on the path: the script stands alone, as upstream runs it
+    proc = run_script(script, nproc, torchrun=True, standalone=True)
     rows = [dict(kv.split("=", 1) for kv in line.split()) for line in proc.stdout.splitlines() if "ratio=" in line]
     return [{k: float(v) for k, v in row.items()} for row in rows]
 

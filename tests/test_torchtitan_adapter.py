@@ -4,16 +4,14 @@ reduce-scatter, its PP clip on FSDP-wrapped stages, and the standalone reproduct
 finding that is not synthetic. Where torchtitan is not installed every case is a skip carrying the
 install hint, and the reproduction is skipped with it."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from harness.scenarios.torchtitan import FRAMEWORK as TORCHTITAN
 from harness.scenarios.torchtitan import TARGETS
 from harness_runs import ROOT, expect_skips, failed, run_clipcheck
+from repro_runs import stdout_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -109,11 +107,8 @@ def test_torchtitan_reduces_over_pipeline_stages(stages_world4):
 
 def torchrun(script: str, nproc: int, *args: str) -> list[str]:
     """The lines rank 0 printed, from a standalone run of one of the repository's scripts."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(ROOT / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [line for line in proc.stdout.splitlines() if line.startswith(("reported=", "world "))]
+    return [line for line in stdout_lines(script, nproc, *args)
+            if line.startswith(("reported=", "world "))]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -4,15 +4,13 @@ parameter are exact; the base TP plan (norms left plain) crashes, with TP alone 
 plain and DTensor gradients mixed in torch's foreach norm) and with FSDP (1-D and 2-D meshes mixed).
 Where torchtune is not installed every case is a skip carrying the install hint."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 
 from harness.scenarios.torchtune import FRAMEWORK as TORCHTUNE
 from harness.scenarios.torchtune.adapter import TARGETS as TORCHTUNE_TARGETS
-from harness_runs import ROOT, expect_skips, failed, run_clipcheck
+from harness_runs import expect_skips, failed, run_clipcheck
+from repro_runs import stdout_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -90,16 +88,6 @@ def test_gradients_come_through_the_recipe_backward():
     assert all(t.backward is not None for t in TORCHTUNE_TARGETS)
 
 
-def run_repro(nproc: int, *args: str, timeout: float = 300) -> list[str]:
-    """The standalone reproduction under torchrun (no clipcheck): its stdout lines."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(ROOT / "scenarios/torchtune/repro_tp_plain_norms.py"), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip().splitlines()
-
-
 @pytest.mark.skipif(bool(TORCHTUNE.unavailable()), reason=f"torchtune is not installed: {TORCHTUNE.install}")
 @pytest.mark.parametrize("nproc, args, ranks, message", [
     (2, (), "[0, 1] of 2 (dp=1, tp=2", MIXED_PLAIN),
@@ -109,7 +97,7 @@ def test_repro_tp_plain_norms(nproc, args, ranks, message):
     """torchtune #2420 through the recipe's own class (``FullFinetuneRecipeDistributed``: setup, one
     training step) with ``tensor_parallel_dim`` and ``clip_grad_norm=1.0``: every rank raises at the
     clip, before touching a gradient (the true norm is still there to gather)."""
-    lines = run_repro(nproc, *args)
+    lines = stdout_lines("scenarios/torchtune/repro_tp_plain_norms.py", nproc, *args)
     assert lines[-2].startswith(f"ranks raising: {ranks}"), lines
     reported, true, error = lines[-1].split(" ", 2)
     assert reported == "reported=raised" and float(true.removeprefix("true=")) > 0

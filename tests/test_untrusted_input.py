@@ -24,7 +24,7 @@ from harness.report.junit import junit_xml
 from harness.report.reporter import Reporter, case_json
 from harness.cases.blob import MAX_ELEMENTS, UsageError, case_spec, decode, encode, replay_command
 from harness.strategies import drawn_cases
-from harness_runs import harness_env, run_cli
+from harness_runs import harness_env, harness_process, run_cli
 
 FORGED = "dp=2 replicated\nfuzz  forged  reference  L2 fp32 \x1b[32mPASS\x1b[0m"
 
@@ -45,8 +45,7 @@ def _blob(doc: dict) -> str:
 
 
 def _in(folder: Path, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=folder, env=harness_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return harness_process([sys.executable, "-m", "harness", *args], harness_env(), timeout, cwd=folder)
 
 
 # -- 30.5: a blob runs only code the user named ------------------------------------------------------------------

@@ -5,15 +5,13 @@ seed finding. xorl is git-only (no recipe, not in CI): where it is not importabl
 ``PYTHONPATH``) the cases are skips carrying the install hint and the repro tests skip with the reason."""
 
 import ast
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from harness.scenarios.xorl import FRAMEWORK as XORL
 from harness_runs import ROOT, expect_skips, run_clipcheck
+from repro_runs import stdout_lines
 
 pytestmark = pytest.mark.distributed
 
@@ -91,11 +89,7 @@ def test_the_repro_imports_no_clipcheck():
 @pytest.mark.parametrize("nproc, plan, ratio", [(2, "minimax_m3", "0.707107"), (4, "minimax_m3", "0.500000"),
                                                 (2, "qwen3_moe", "1.000000")])
 def test_repro_prints_the_seed_ratio(nproc, plan, ratio):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           str(REPRO), plan], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
+    last = stdout_lines(str(REPRO.relative_to(ROOT)), nproc, plan)[-1]
     match = re.fullmatch(r"reported=([\d.]+) true=([\d.]+) ratio=([\d.]+)", last)
     assert match, last
     assert match.group(3) == ratio
