@@ -104,7 +104,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
           max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
           seed: int | None = None, backend: str | None = None, timeout_s: float | None = None,
           pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto",
-          plans: str | None = None) -> CheckReport:
+          plans: str | None = None, synthetic: bool | None = None) -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
@@ -117,14 +117,17 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     ``blame``: for a case with a wrong norm, the weight the target gives each parameter group (each
     record's ``blame``; printed under the case): ``"auto"`` (the default) once per layout, target, norm
     and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
-    (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``)."""
+    (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``). ``synthetic``:
+    also the scenarios' synthetic (regression) layouts, which no known trainer path reaches (``--synthetic``;
+    off by default)."""
     project = project_defaults()
     raw: dict[str, Any] = {"targets": [target_reference(target)]}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
                        ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes), ("worlds", worlds)):
         if value is not None:
             raw[key] = [str(v) if key == "norm_types" else v for v in value]
-    for key, single in (("max_norm", max_norm), ("variant", variant), ("seed", seed), ("plans", plans)):
+    for key, single in (("max_norm", max_norm), ("variant", variant), ("seed", seed), ("plans", plans),
+                           ("synthetic", synthetic)):
         if single is not None:
             raw[key] = single
     spec = MatrixSpec(worlds=DEFAULT_WORLDS).updated(project.without("targets")).updated(

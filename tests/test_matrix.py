@@ -103,3 +103,24 @@ def test_launcher_runs_each_world_and_merges(tmp_path):
     passing = run_cli(["matrix", "--nproc-list", "2", "--scenario", "dense_dp", "--targets", "reference",
                        "--out", str(tmp_path / "ok")], timeout=300)
     assert passing.returncode == 0 and "=> PASS" in passing.stdout
+
+
+SYNTHETIC_SCENARIOS = ("deepspeed_autoep", "torchtitan_ep", "veomni_ep", "automodel_ep")
+
+
+@pytest.mark.parametrize("scenario", SYNTHETIC_SCENARIOS)
+def test_synthetic_layouts_are_opt_in_for_user_targets_and_adapters(scenario):
+    """Issue 37: a user's clip ran the synthetic layouts (no trainer reaches them) without --synthetic, and
+    their FAILs counted toward exit 1. The harness's own targets keep running them: they are its regressions."""
+    user = "tests/correct_targets.py:torch_primitives"
+    spec = MatrixSpec(scenarios=(scenario,), targets=("reference", user), dtypes=("fp32",))
+
+    def synthetic_cases(plan):
+        return {t: sum(1 for c in plan.cases if c.target == t and c.variant.synthetic is not None)
+                for t in ("reference", user)}
+
+    default = plan_cases(spec, 4, "gloo")
+    assert synthetic_cases(default)[user] == 0 and synthetic_cases(default)["reference"] > 0
+    assert any("synthetic layouts of" in reason and user in reason for reason in default.dropped)
+    asked = plan_cases(spec.merged({"synthetic": True}), 4, "gloo")
+    assert synthetic_cases(asked)[user] == synthetic_cases(asked)["reference"] > 0

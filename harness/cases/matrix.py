@@ -186,8 +186,8 @@ AXES: tuple[Axis, ...] = (
     Axis("seed", ("--seed",), _strict(int), False, "seed of the gradient values (default 0)", int),
     Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text; =LABEL: that one layout exactly"),
     Axis("synthetic", ("--synthetic",), _boolean, False,
-         "also run the frameworks' adapters on synthetic layouts: regression layouts no known path of the "
-         "framework's trainer reaches (the harness's own targets run them always)", switch=True),
+         "also run the frameworks' adapters and your own targets on synthetic layouts: regression layouts no known "
+         "trainer path reaches (the harness's own targets run them always)", switch=True),
     Axis("plans", ("--plans",), _plans, False,
          "all (default): layouts whose declared plan lies too, a failure that only the lie causes labelled so; "
          "honest: every declared plan replaced by the truth (is a plan-trusting clip's arithmetic right?)"),

@@ -125,9 +125,10 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                     plan.dropped[f"target {target_name} needs every parameter on every rank (DTensor); "
                                  f"{name} {variant.label} has parameters on some ranks only"] += 1
                     continue
-                if variant.synthetic is not None and resolved.requires is not None and not spec.synthetic:
+                if variant.synthetic is not None and not spec.synthetic and not resolved.runs_synthetic:
+                    trainer = f"{resolved.requires.name}'s trainer" if resolved.requires else "a known trainer"
                     plan.dropped[f"target {target_name}: synthetic layouts of {name} run only with --synthetic "
-                                 f"(no known path of {resolved.requires.name}'s trainer reaches them)"] += 1
+                                 f"(no known path of {trainer} reaches them)"] += 1
                     continue
                 refusal = resolved.refuses(variant) if resolved.refuses is not None else None
                 if refusal is not None:

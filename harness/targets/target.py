@@ -165,6 +165,13 @@ class Target:
     def unavailable(self) -> str | None:
         return None if self.requires is None else self.requires.unavailable()
 
+    @property
+    def runs_synthetic(self) -> bool:
+        """Whether it runs a scenario's synthetic (regression) layouts without ``--synthetic``: only the
+        harness's own targets do. A framework's adapter or a user's clip meets them on request, since no
+        known trainer path hands a clip those gradients and a FAIL there is no finding."""
+        return self.requires is None and self.origin != "user"
+
     def framework_version(self) -> str | None:
         """'deepspeed 0.19.8', 'torch 2.13.0+cpu' for torch's own clips; None for the harness's own."""
         if self.requires is not None:
