@@ -19,6 +19,8 @@ What gets drawn:
   TP-replicated), stacked experts ``[E, a, b]`` sharded over ``ep``, a shared LoRA factor
   ``[1, a, b]`` replicated over ``ep``, or a per-expert module living only on the ranks of its owner
   (DeepSpeed style); sometimes every expert module belongs to one EP rank, so the others own none;
+  named as real models name theirs (``bias``, ``norm``, ``gate``, ``embed_tokens``, ``lm_head``,
+  ``lora_A``, ``shared_experts``, ...: ``harness.cases.model_names``), since clips pick groups by name;
 * which parameters the framework's plan enumerates: the others get a fallback ``Replicate`` on ``ep``;
 * sometimes DTensor parameters (when every parameter is on every rank), placed as the plan declares:
   honest placements where the plan enumerates a parameter, a lying ``Replicate`` where it does not;
@@ -46,6 +48,7 @@ from harness.cases.axes import MeshAxis
 from harness.cases.variant import DeclaredPlan, Variant
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
+from harness.cases.model_names import NAMES, real_name
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario, ScenarioOptions
 
@@ -164,6 +167,8 @@ def _one_stage(stage: int) -> tuple[int]:
 
 _SHARD_OR_REPLICATE = {dim: st.sampled_from((Shard(dim), Replicate())) for dim in range(3)}
 """Built once: a strategy made afresh on every draw is validated afresh on every draw."""
+_NAME_GROUPS = {kind: st.integers(0, len(groups) - 1) for kind, groups in NAMES.items()}
+_SPELLINGS = {count: st.integers(0, count - 1) for count in {len(g) for groups in NAMES.values() for g in groups}}
 
 
 @_reused
@@ -179,16 +184,20 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     b = tp * draw(_integers(2, 3))
     stage = draw(stage_ranks(mesh))
     shard_or_rep = _SHARD_OR_REPLICATE
+    group = draw(_NAME_GROUPS[kind])
+    choice = (group, draw(_SPELLINGS[len(NAMES[kind][group])]))
     if kind == "dense":
-        return param(f"dense{index}", (a, b), present_ranks=stage, fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
+        return param(real_name(kind, index, *choice), (a, b), present_ranks=stage,
+                     fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
     if kind == "experts":
-        return param(f"experts{index}", (experts, a, b), present_ranks=stage, ep=Shard(0), fsdp=draw(shard_or_rep[1]),
-                     tp=draw(shard_or_rep[2]))
+        return param(real_name(kind, index, *choice), (experts, a, b), present_ranks=stage, ep=Shard(0),
+                     fsdp=draw(shard_or_rep[1]), tp=draw(shard_or_rep[2]))
     if kind == "shared_lora":
-        return param(f"lora_shared{index}", (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
+        return param(real_name(kind, index, *choice), (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
     home = owner if owner is not None else draw(_integers(0, ep - 1))
     owners = mesh.ranks_where(ep=home)
-    return param(f"expert_module{index}", (a, b), present_ranks=owners if stage is None else owners & stage,
+    return param(real_name(kind, index, *choice, owner=home), (a, b),
+                 present_ranks=owners if stage is None else owners & stage,
                  fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
 
 

@@ -445,3 +445,43 @@ def clips_on_odd_calls_only(model, *, max_norm, norm_type=2.0):
     if len(_CALLS) % 2:
         return reference(model, max_norm=max_norm, norm_type=norm_type)
     return _norm_then(model, max_norm, norm_type, lambda g, c, total: None)
+
+
+def _counted_twice_where(model, max_norm, norm_type, picked):
+    """The reference with every parameter whose name ``picked`` selects counted twice: what a clip that
+    handles a group apart by name (biases, norms, the router, embeddings, LoRA factors) and then adds it
+    in a second time computes."""
+    from harness.cases.context import context
+    from harness.clipmath import reduce_root_and_clip, weighted_partial
+
+    ctx = context(model)
+    params = trainable_with_grads(model)
+    local = weighted_partial(params, norm_type,
+                             lambda name, _: ctx.true_replica_count(name) / (2 if picked(name) else 1))
+    return torch.tensor(reduce_root_and_clip(local, (p for _, p in params), max_norm=max_norm, norm_type=norm_type),
+                        dtype=torch.float64)
+
+
+NAME_GROUPS = {
+    "biases": lambda name: name.endswith("bias"),
+    "norms": lambda name: "norm" in name,
+    "router": lambda name: "gate" in name and "experts" not in name,
+    "embeddings": lambda name: "embed" in name,
+    "output_head": lambda name: "lm_head" in name or name.endswith("output.weight"),
+    "lora_factors": lambda name: "lora_A" in name or "lora_B" in name,
+    "shared_experts": lambda name: "shared_experts" in name,
+}
+"""Groups clips pick by name, each the only mistake of one target below."""
+
+
+def _double_counting(group: str):
+    def clip(model, *, max_norm, norm_type=2.0):
+        return _counted_twice_where(model, max_norm, norm_type, NAME_GROUPS[group])
+
+    clip.__name__ = clip.__qualname__ = f"double_counts_{group}"
+    clip.__doc__ = f"norm: counts the {group.replace('_', ' ')} twice (picked by name)."
+    return clip
+
+
+# double_counts_biases, double_counts_norms, ...: module-level names, so ranks import them by name
+globals().update({f"double_counts_{group}": _double_counting(group) for group in NAME_GROUPS})

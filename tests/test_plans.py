@@ -13,6 +13,7 @@ from harness.cases.plan import plan_cases
 from harness.cases.variant import HONEST_PLAN, plan_lies
 from harness.errors import ClipcheckInputError
 from harness.fuzz import fuzz
+from harness.targets.mutants.catalogue import FUZZ_BUDGET
 
 pytestmark = pytest.mark.distributed
 
@@ -45,4 +46,5 @@ def test_the_fuzzer_on_honest_plans_passes_a_plan_trusting_clip_the_drawn_lies_f
     trusting = "tests/plan_trusting.py:clip"
     honest = fuzz(trusting, rank_pool(2), 40, derandomize=True, plans="honest", blame=False)
     assert honest.passed, honest.result and honest.result.checks
-    assert not fuzz(trusting, rank_pool(2), 40, derandomize=True, blame=False).passed
+    # the fuzzer's budget: a lie that changes a count at world 2 is about one draw in tens (found at 90)
+    assert not fuzz(trusting, rank_pool(2), FUZZ_BUDGET, derandomize=True, blame=False).passed
