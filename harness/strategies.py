@@ -185,18 +185,18 @@ def param_specs(draw: Any, mesh: MeshSpec, index: int, experts: int, owner: int 
     stage = draw(stage_ranks(mesh))
     shard_or_rep = _SHARD_OR_REPLICATE
     group = draw(_NAME_GROUPS[kind])
-    choice = (group, draw(_SPELLINGS[len(NAMES[kind][group])]))
+    spelling = draw(_SPELLINGS[len(NAMES[kind][group])])
     if kind == "dense":
-        return param(real_name(kind, index, *choice), (a, b), present_ranks=stage,
+        return param(real_name(kind, index, group, spelling), (a, b), present_ranks=stage,
                      fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
     if kind == "experts":
-        return param(real_name(kind, index, *choice), (experts, a, b), present_ranks=stage, ep=Shard(0),
+        return param(real_name(kind, index, group, spelling), (experts, a, b), present_ranks=stage, ep=Shard(0),
                      fsdp=draw(shard_or_rep[1]), tp=draw(shard_or_rep[2]))
     if kind == "shared_lora":
-        return param(real_name(kind, index, *choice), (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
+        return param(real_name(kind, index, group, spelling), (1, a, b), present_ranks=stage, fsdp=draw(shard_or_rep[1]))
     home = owner if owner is not None else draw(_integers(0, ep - 1))
     owners = mesh.ranks_where(ep=home)
-    return param(real_name(kind, index, *choice, owner=home), (a, b),
+    return param(real_name(kind, index, group, spelling, owner=home), (a, b),
                  present_ranks=owners if stage is None else owners & stage,
                  fsdp=draw(shard_or_rep[0]), tp=draw(shard_or_rep[1]))
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness_runs import ROOT
+from repro_runs import torchrun_command
 
 JOBS = ROOT / "tests" / "audit_jobs"
 
@@ -39,10 +39,7 @@ def run_job(script: str, nproc: int, args: list[str], tmp_path: Path, timeout: f
     the ranks forked after the job's imports (tests/forked_torchrun.py), or with ``torchrun``, torchrun itself."""
     out = tmp_path / f"{Path(script).stem}-{nproc}-{abs(hash(tuple(args)))}.json"
     out.unlink(missing_ok=True)
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun
-                else [sys.executable, str(ROOT / "tests" / "forked_torchrun.py"), "--nproc", str(nproc),
-                      "--nested-imports"])
-    cmd = [*launcher, str(JOBS / script), args[0], str(out), *args[1:]]
+    cmd = [*torchrun_command(nproc, torchrun), str(JOBS / script), args[0], str(out), *args[1:]]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     full_env.update(env or {})
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro_runs import torchrun_command
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -116,11 +118,15 @@ def harness_process(cmd: list[str], env: dict[str, str], timeout: float, cwd: Pa
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def torchrun_harness(nproc: int) -> list[str]:
+    """``torchrun --standalone --nproc_per_node=nproc -m harness``: a free port per run, so runs can go in
+    parallel."""
+    return [*torchrun_command(nproc, torchrun=True), "-m", "harness"]
+
+
 def run_harness(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:
-    """torchrun --standalone (a free port per run, so runs can go in parallel) on this checkout."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                "-m", "harness"]
-    return _run_and_read(launcher, args, tmp_path / f"results-{nproc}-{abs(hash(tuple(args)))}.jsonl", timeout)
+    """torchrun (``torchrun_harness``) on this checkout."""
+    return _run_and_read(torchrun_harness(nproc), args, tmp_path / f"results-{nproc}-{abs(hash(tuple(args)))}.jsonl", timeout)
 
 
 def run_clipcheck(nproc: int, args: list[str], tmp_path: Path, timeout: float = 300) -> HarnessRun:

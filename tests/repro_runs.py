@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(r"reported=(\S+) true=(\S+) ratio=(\S+)")
 
 
+def torchrun_command(nproc: int, torchrun: bool = False, nested_imports: bool = True) -> list[str]:
+    """The launcher's part of ``torchrun --standalone --nproc_per_node=nproc SCRIPT``: the ranks forked after
+    the script's imports (tests/forked_torchrun.py; ``nested_imports``: those inside its functions too), or
+    with ``torchrun``, torchrun itself."""
+    if torchrun:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [sys.executable, str(ROOT / "tests" / "forked_torchrun.py"), "--nproc", str(nproc),
+            *(["--nested-imports"] if nested_imports else [])]
+
+
 def run_script(relative: str, nproc: int, *args: str, nested_imports: bool = True, torchrun: bool = False,
                standalone: bool = False, env: dict[str, str] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
@@ -31,10 +41,7 @@ def run_script(relative: str, nproc: int, *args: str, nested_imports: bool = Tru
         full_env.pop("PYTHONPATH", None)
     else:
         full_env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun
-                else [sys.executable, str(ROOT / "tests" / "forked_torchrun.py"), "--nproc", str(nproc),
-                      *(["--nested-imports"] if nested_imports else [])])
-    proc = subprocess.run([*launcher, str(ROOT / relative), *args], capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run([*torchrun_command(nproc, torchrun, nested_imports), str(ROOT / relative), *args], capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd="/" if standalone else ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

@@ -6,7 +6,6 @@ Fault targets: tests/fault_targets.py. Each test names the issue item it holds."
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 import harness
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, count
 from harness_runs import alive, descendants, jsonl, listening_addresses, run_cli, run_harness, start_harness, \
-    wait_until
+    torchrun_harness, wait_until
 
 pytestmark = pytest.mark.distributed
 
@@ -114,8 +113,7 @@ def test_an_interrupted_run_records_the_case_in_flight_and_a_summary(tmp_path, l
     args = [*ONE_CASE, "--target", f"reference,{FAULTS}:sleep_forever_on_rank1", "--timeout", "600",
             "--json", str(results)]
     if launcher == "torchrun":
-        proc = start_harness(args, [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                    "--nproc_per_node=2", "-m", "harness"])
+        proc = start_harness(args, torchrun_harness(2))
     else:
         proc = start_harness(["run", "--nproc", "2", *args])
     wait_until(lambda: any(r.get("type") == "case" and r.get("target") == "reference" for r in jsonl(results)), 240,

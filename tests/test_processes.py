@@ -17,7 +17,7 @@ import pytest
 import harness
 from harness.judge.verdicts import EXIT_BROKEN
 from harness_runs import ROOT, alive, descendants, failed, harness_env, run_clipcheck, run_harness, start_harness, \
-    wait_until
+    torchrun_harness, wait_until
 
 pytestmark = pytest.mark.distributed
 
@@ -107,9 +107,8 @@ def test_no_process_outlives_a_launcher_killed_outright(tmp_path, launcher):
     if head and head[0] == "matrix":
         head = [*head, "--out", str(tmp_path / "m")]
     args = [*ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1", "--timeout", "600"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "harness"]
     marker = str(tmp_path / "in-the-case-")
-    proc = start_harness([*head, *args], launcher=torchrun if launcher == "torchrun" else None,
+    proc = start_harness([*head, *args], launcher=torchrun_harness(2) if launcher == "torchrun" else None,
                          CLIPCHECK_TEST_MARKER=marker)
     try:  # killed once both ranks are in the case (a rank still starting cannot yet know whom to die with)
         wait_until(lambda: all(os.path.exists(f"{marker}{r}") for r in (0, 1)), 240, "both ranks in the case")

@@ -79,6 +79,12 @@ class CaseContext:
         assert self.world is not None, "group_over needs a harness world"
         return self.world.group_over(self.mesh_spec, axes)
 
+    def give_case_timeout(self, *meshes: DeviceMesh | None) -> None:
+        """The case's collective timeout on every group of a framework's own ``meshes``, as the harness's
+        meshes have it (nothing outside a harness world)."""
+        if self.world is not None:
+            self.world.give_case_timeout(*meshes)
+
     def per_generation(self, key: Hashable, build: Callable[[], T]) -> T:
         """``build()`` once while the harness's process groups live (a framework's own groups or meshes,
         built once as a training job builds them), then the same object for every case with that

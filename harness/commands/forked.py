@@ -36,7 +36,7 @@ from typing import IO, Any, Callable, Sequence
 
 import torch
 
-from harness.run.family import die_with_parent, end_descendants, keep_together, watch_parent
+from harness.run.family import die_with_parent, end_descendants, keep_together
 from harness.cases.plan import Plan
 
 
@@ -142,7 +142,6 @@ def _in_own_group(fn: Callable[..., int], args: tuple[Any, ...], log_fd: int, pa
     except OSError:  # the parent got there first
         pass
     die_with_parent(parent_pid)
-    watch_parent(parent_pid)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the matrix's own handlers

@@ -10,11 +10,11 @@ survived the launcher. So:
   (``die_with_parent``; ``PARENT_PID_ENV`` tells a spawned one which parent that is, so a parent that
   died before the request took hold is noticed), and a rank's forked children do the same
   (``children_die_with_this_process``);
-* a process that knows its parent's pid also watches it (``watch_parent``): the kernel's request is
-  tied to the parent *thread* and silently refused where ``prctl`` is (a sandbox, not Linux), and a
-  launcher whose matrix was killed outright was once found alive with both its ranks a minute later;
-  the watch ends the process and its descendants within ``PARENT_POLL_S`` whatever happened to the
-  request;
+* a process that knows its parent's pid also watches it (``die_with_parent(pid)`` starts
+  ``watch_parent``): the kernel's request is tied to the parent *thread* and silently refused where
+  ``prctl`` is (a sandbox, not Linux), and a launcher whose matrix was killed outright was once found
+  alive with both its ranks a minute later; the watch ends the process and its descendants within
+  ``PARENT_POLL_S`` whatever happened to the request;
 * launchers and ranks adopt their orphaned descendants (``adopt_orphans``) and end every descendant
   they did not start before they leave (``end_descendants``).
 
@@ -49,10 +49,14 @@ def _prctl(option: int, value: int) -> bool:
 
 def die_with_parent(parent_pid: int | None = None) -> None:
     """Ask the kernel to SIGKILL this process when its parent dies. With ``parent_pid``: if the parent
-    is already another process (it died before the request), die now."""
+    is already another process (it died before the request), die now; else watch it too
+    (``watch_parent``), since the kernel's request can be refused or miss."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if parent_pid is not None and os.getppid() != parent_pid:
+    if parent_pid is None:
+        return
+    if os.getppid() != parent_pid:
         os._exit(128 + signal.SIGKILL)
+    watch_parent(parent_pid)
 
 
 def keep_together() -> None:
@@ -63,10 +67,8 @@ def keep_together() -> None:
     parent = os.environ.get(PARENT_PID_ENV, "")
     if parent.isdigit():
         die_with_parent(int(parent))
-        watch_parent(int(parent))
     elif "TORCHELASTIC_RUN_ID" in os.environ:
-        die_with_parent()
-        watch_parent(os.getppid())
+        die_with_parent(os.getppid())
     children_die_with_this_process()
     adopt_orphans()
 

@@ -289,10 +289,16 @@ class DistWorld:
             ids = torch.arange(self.world_size).reshape(spec.sizes)
             device_mesh = DeviceMesh(self.device.type, ids, mesh_dim_names=spec.names)
             target = {axis: device_mesh.get_group(axis) for axis in spec.names}
-            for group in target.values():
-                set_group_timeout(self._timeout, group)
+            self.give_case_timeout(device_mesh)
             self._meshes[spec] = MeshGroups(spec, device_mesh, target, functools.partial(self._harness_twins, spec))
         return self._meshes[spec]
+
+    def give_case_timeout(self, *meshes: DeviceMesh | None) -> None:
+        """The case's collective timeout on every group of ``meshes`` (the harness's, or those a framework
+        builds for itself), so that a collective stuck in any of them fails within the case's bound."""
+        for mesh in meshes:
+            for group in mesh.get_all_groups() if mesh is not None else ():
+                set_group_timeout(self._timeout, group)
 
     def _harness_twins(self, spec: MeshSpec) -> dict[str, dist.ProcessGroup]:
         return {axis: self._subgroup(spec.groups(axis)) for axis in spec.names}
@@ -395,13 +401,13 @@ class DistWorld:
         and this case starts another layout (another mesh, another framework setup: new groups), the
         generation is renewed first, its groups freed before the new ones exist. Cases of one layout
         keep their generation: they build no new groups."""
-        new_layout = layout != self._last_layout
+        renew = layout != self._last_layout and self.groups_at_case_end > GROUP_BUDGET
         self._last_layout = layout
-        if new_layout and self.groups_at_case_end > GROUP_BUDGET:
+        if renew:
             self.teardown()
-            self._free_dropped_groups()
-            self._new_generation()
         self._free_dropped_groups()
+        if renew:
+            self._new_generation()
 
     def _free_dropped_groups(self) -> None:
         if self._dropped_groups:

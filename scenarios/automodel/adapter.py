@@ -55,7 +55,6 @@ such multiplier, so the division is left out with it.
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import math
 from typing import Any
@@ -70,7 +69,6 @@ from harness.cases.context import CaseContext, context
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
 from harness.targets.target import Finding, Target, stock, synthetic
-from harness.run.torch_compat import set_group_timeout
 
 from .stand_ins import cpu_stand_ins, deepep_usable, ensure_imported
 from .framework import FRAMEWORK as AUTOMODEL
@@ -90,12 +88,7 @@ def automodel_meshes(ctx: CaseContext, ep: int) -> tuple[DeviceMesh, DeviceMesh 
         sizes = _automodel("components.distributed.mesh").ParallelismSizes
         device_mesh, moe_mesh = mesh_utils._create_fsdp2_device_mesh(
             sizes(dp_size=ctx.world_size, ep_size=ep), world_size=ctx.world_size)
-        if ctx.world is not None:  # the case timeout on every group, as the harness gives its own meshes
-            timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
-            for mesh in (device_mesh, moe_mesh, _dp_shard_cp(device_mesh)):
-                for dim in range(mesh.ndim if mesh is not None else 0):
-                    assert mesh is not None
-                    set_group_timeout(timeout, mesh.get_group(dim))
+        ctx.give_case_timeout(device_mesh, moe_mesh, _dp_shard_cp(device_mesh))
         return device_mesh, moe_mesh
 
     return ctx.per_generation(("automodel-meshes", ctx.world_size, ep), build)

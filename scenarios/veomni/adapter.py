@@ -50,7 +50,6 @@ bit-for-bit check confirms. Nothing in VeOmni hard-codes CUDA on these paths
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import os
 from typing import Any, Mapping, cast
@@ -65,7 +64,6 @@ from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
 from harness.targets.target import Finding, Target, synthetic, torch_max_drops_nan
-from harness.run.torch_compat import set_group_timeout
 
 from .framework import FRAMEWORK as VEOMNI
 from .scenario import BASE, EXPERTS, HIDDEN, INTERMEDIATE, LORA_RANK, NUM_EXPERTS, Q_OUT, VeomniSetup
@@ -140,12 +138,7 @@ def _parallel_state(ctx: CaseContext, setup: VeomniSetup) -> Any:
             dp_shard_size=setup.dp_shard, extra_parallel_sizes=(setup.ep,), dp_mode="fsdp2",
             device_type=ctx.device.type, name=None,
         )
-        if ctx.world is not None:
-            timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
-            meshes = [state.device_mesh] + [m for m in state.extra_parallel_fsdp_device_mesh.values() if m is not None]
-            for mesh in meshes:
-                for group in mesh.get_all_groups():
-                    set_group_timeout(timeout, group)
+        ctx.give_case_timeout(state.device_mesh, *state.extra_parallel_fsdp_device_mesh.values())
         return state
 
     ctx.at_generation_end(parallel_state.clear_parallel_state)

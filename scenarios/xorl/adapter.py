@@ -44,14 +44,12 @@ case timeout, as the harness's own groups do.
 
 from __future__ import annotations
 
-import datetime
 import importlib
 import sys
 from types import SimpleNamespace
 from typing import Any, Mapping, cast
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -61,7 +59,6 @@ from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
 from harness.targets.target import Finding, Target, stock
-from harness.run.torch_compat import set_group_timeout
 
 from .framework import FRAMEWORK as XORL
 from .scenario import HIDDEN, INTERMEDIATE, RANK, XorlSetup
@@ -107,11 +104,7 @@ def _parallel_state(ctx: CaseContext, ep: int) -> None:
         parallel_state.init_parallel_state(dp_size=ctx.world_size, dp_shard_size=ctx.world_size, ep_size=ep,
                                            dp_mode="fsdp2", device_type=ctx.device.type, ep_intranode=False)
         state = parallel_state.get_parallel_state()
-        if ctx.world is not None:
-            timeout = datetime.timedelta(seconds=ctx.world.timeout_s)
-            for mesh in (state.device_mesh, state.ep_fsdp_device_mesh):
-                for group in mesh.get_all_groups() if mesh is not None else ():
-                    set_group_timeout(timeout, group)
+        ctx.give_case_timeout(state.device_mesh, state.ep_fsdp_device_mesh)
         return state
 
     state = ctx.per_generation(("xorl-parallel-state", ctx.world_size, ep), build)
