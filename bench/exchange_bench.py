@@ -4,12 +4,12 @@
     python bench/exchange_bench.py --worlds 8 --rounds 500
 
 Why it exists: every case agrees on its status and sends its record through the store, and until
-the post-call replica check became digests in those records (``harness.run.replicas``) every case
+the post-call replica check became digests in those records (``harness.run.case.replicas``) every case
 also ran one gloo MAX all-reduce per mesh axis. Whether a round should go through the store or a
 process group is decided by these figures, per world size, with ranks sharing the cores as the
 matrix runs them. Per world, the slowest rank's mean over ``--rounds``:
 
-* store all-gather: ``DistWorld.allgather_json`` of a status (what ``_agree`` does once per case);
+* store all-gather: ``DistWorld.allgather_json`` of a status (what ``guard.agree`` does once per case);
 * store gather: ``DistWorld.gather_json`` of a record-sized payload to rank 0;
 * gloo all-reduce: a MAX all-reduce of 8 int32 on the harness's private world group (what one mesh
   axis of the replication round cost with small gradients);
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from harness.run.pool import RankPool, current_world  # noqa: E402
+from harness.run.hosts.pool import RankPool, current_world  # noqa: E402
 
 STATUS = {"error": None, "fault": None, "broken": False}
 RECORD = {"reported": 1.0, "error": None, "fault": None, "seconds": 0.01,

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import harness.fuzz as fuzzing  # noqa: E402
-from harness.run.pool import RankPool  # noqa: E402
+from harness.run.hosts.pool import RankPool  # noqa: E402
 
 GOALS = {2: 100.0, 4: 50.0}
 WARM_UP_EXAMPLES = 20

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.run.family import descendants, process_parents  # noqa: E402
+from harness.run.guards.family import descendants, process_parents  # noqa: E402
 from tests.harness_runs import threads_of  # noqa: E402
 
 SAMPLE_S = 0.2

@@ -17,7 +17,7 @@ slowest rank's median of ``--repeats``:
   stats with each gradient's digest in one store round, compared on every rank (gloo; no digests at
   world 1, where there is nothing to compare), or stats and a MAX all-reduce per axis with the world
   merge (nccl; run here on gloo groups);
-* replicas: the post-call check every case runs, both ways ``harness.run.replicas`` answers it:
+* replicas: the post-call check every case runs, both ways ``harness.run.case.replicas`` answers it:
   ``digests`` (each rank's SHA-256 of every gradient, what gloo worlds use) and ``MAX round``
   (one MAX all-reduce per axis, what nccl worlds use); reported, not part of the goal.
 
@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from harness.run import replicas  # noqa: E402
-from harness.run.measure import bit_words, digests_for_truth, gather_stats, pre_call_replication  # noqa: E402
-from harness.run.pool import RankPool, current_world  # noqa: E402
+from harness.run.case import replicas  # noqa: E402
+from harness.run.case.measure import bit_words, digests_for_truth, gather_stats, pre_call_replication  # noqa: E402
+from harness.run.hosts.pool import RankPool, current_world  # noqa: E402
 from harness.cases.layout import MeshSpec  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}

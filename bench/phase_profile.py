@@ -34,12 +34,12 @@ DEFAULT_SCENARIOS = ("xorl_ep_lora,deepspeed_autoep,dense_dp,torchtitan_ep,megat
                      "pipeline_stages,hsdp_cp")
 
 PHASES = {
-    "_call_target": "target", "_guarded": "target",
+    "_call_target": "target", "guarded": "target",
     "build_model": "build", "dress": "build", "attach": "build", "mesh": "build",
     "inject": "inject", "inject_grads": "inject",
     "measure": "measure", "gather_stats": "measure", "measure_replication": "measure",
     "rank_effects": "effects", "snapshot_params": "effects", "local_grads": "effects", "rank_part": "effects",
-    "_agree": "exchange", "gather_json": "exchange", "allgather_json": "exchange",
+    "agree": "exchange", "gather_json": "exchange", "allgather_json": "exchange",
     "evaluate": "judge", "variant_truth": "judge", "measured_norm": "judge", "merged": "judge",
 }
 """Function name -> phase, for the first of these names below ``run_case`` on a sampled stack."""
@@ -49,7 +49,7 @@ def phase_of(frames: list[str]) -> str:
     # py-spy names a method Class.method; the phases are keyed on the function's own name
     names = [frame.split(" (")[0].strip().rsplit(".", 1)[-1] for frame in frames]
     importing = any("_find_and_load" in frame for frame in frames)
-    if any("harness/run/watchdog" in frame for frame in frames):
+    if any("harness/run/guards/watchdog" in frame for frame in frames):
         return "watchdog thread"
     if importing and "run_case" not in names:
         return "imports at start-up"

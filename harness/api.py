@@ -20,19 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, metamorphic_records
-from harness.run.devices import world_problem
+from harness.run.world.devices import world_problem
 from harness.errors import ClipcheckInputError
 from harness.targets.loading import load_object
 from harness.cases.matrix import MatrixSpec, parse_mapping
 from harness.commands.project import project_defaults
 from harness.cases.plan import Plan, plan_cases
-from harness.run.pool import RankPool
-from harness.run.on_pool import forget_blame, run_case_on_pool
+from harness.run.hosts.pool import RankPool
+from harness.run.hosts.pool_cases import forget_blame, run_case_on_pool
 from harness.report.failures import failures_text
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_PASS, count
-from harness.run.watchdog import timeout_problem
-from harness.run.world import default_backend
+from harness.run.guards.watchdog import timeout_problem
+from harness.run.world.dist_world import default_backend
 
 
 DEFAULT_WORLDS = (2,)

@@ -104,7 +104,7 @@ def audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, norm_ty
     in the report."""
     import math
 
-    from harness.run.audit import clip_label, run_audit
+    from harness.run.audit.session import clip_label, run_audit
 
     if not (math.isfinite(max_norm) and max_norm > 0):
         raise ClipcheckInputError(f"max_norm must be a positive finite number, got {max_norm!r}")

@@ -29,8 +29,8 @@ from harness.judge.blame import blame_lines
 from harness.judge.checks import CaseResult
 from harness.judge.records import FuzzRecord
 from harness.report.reporter import case_json
-from harness.run.pool import RankPool
-from harness.run.on_pool import run_case_on_pool
+from harness.run.hosts.pool import RankPool
+from harness.run.hosts.pool_cases import run_case_on_pool
 from harness.targets.registry import registered_targets
 from harness.cases.blob import case_spec, replay_command
 from harness.cases.injection import Injection
@@ -77,7 +77,7 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
     """Fuzz ``target`` on ``pool``'s world for up to ``examples`` drawn cases. ``database``: a
     hypothesis example database (e.g. ``DirectoryBasedExampleDatabase(".hypothesis")``) to replay
     earlier failures first; None (the default) keeps nothing between runs. ``blame``: re-run the
-    minimal failing case one parameter group at a time (``harness.run.blame``) when its norm is wrong."""
+    minimal failing case one parameter group at a time (``harness.run.case.blame_reruns``) when its norm is wrong."""
     resolve_target(target, registered_targets())
     scenario = DrawnScenario()
     report = FuzzReport(target, pool.world_size, 0, 0.0)

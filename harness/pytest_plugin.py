@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from harness.run.devices import cuda_device_count, worker_visible_devices, world_skip_reason, xdist_worker
+from harness.run.world.devices import cuda_device_count, worker_visible_devices, world_skip_reason, xdist_worker
 
 if TYPE_CHECKING:
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
 DEFAULT_TIMEOUT_S = 60.0
 _WORLD_PARAM = "_clipcheck_world_size"
@@ -55,7 +55,7 @@ class PoolRegistry:
         self._pools: dict[tuple[int, str | None, float], RankPool] = {}
 
     def get(self, world_size: int, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "RankPool":
-        from harness.run.pool import RankPool  # torch is imported by the first test that needs a world
+        from harness.run.hosts.pool import RankPool  # torch is imported by the first test that needs a world
 
         key = (world_size, backend, timeout_s)
         if key not in self._pools:
@@ -88,7 +88,7 @@ def configured_timeout(config: pytest.Config) -> float:
 
 
 def checked_timeout(value: Any, what: str) -> float:
-    from harness.run.watchdog import timeout_problem
+    from harness.run.guards.watchdog import timeout_problem
 
     try:
         seconds = float(value)

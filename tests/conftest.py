@@ -21,7 +21,7 @@ def deepspeed_world2(tmp_path_factory):
 @pytest.fixture(scope="session")
 def world4(request):
     """A warm world of 4 ranks for the fuzz, catalogue and blame tests (one start for all of them)."""
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
     pool = RankPool(4, timeout_s=30)
     request.addfinalizer(pool.close)

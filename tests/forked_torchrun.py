@@ -95,8 +95,8 @@ def main() -> int:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - the ranks import it again and fail there, as under torchrun
             pass
-    from harness.run.family import children_die_with_this_process
-    from harness.run.pool import loopback_store
+    from harness.run.guards.family import children_die_with_this_process
+    from harness.run.hosts.pool import loopback_store
 
     store = loopback_store(args.nproc, STORE_TIMEOUT_S)  # the ranks' store, hosted here as torchrun's agent does
     children_die_with_this_process()

@@ -162,7 +162,7 @@ def expect_skips(run: HarnessRun, framework: Any, *targets: str) -> None:
 
 def descendants(pid: int) -> set[int]:
     """Every live process whose ancestry reaches pid (read from /proc)."""
-    from harness.run.family import descendants as of
+    from harness.run.guards.family import descendants as of
 
     return of(pid)
 
@@ -267,6 +267,6 @@ def most_threads(pid: int, every_s: float = 0.1) -> tuple[int, dict[str, int]]:
 def gloo_groups_held() -> tuple[int, int]:
     """A ``RankPool`` task: this rank's member groups in its current generation, and the gloo groups alive
     in the process (one ``gloo_tcp_loop`` thread each): equal when nothing keeps a dropped group alive."""
-    from harness.run.pool import current_world
+    from harness.run.hosts.pool import current_world
 
     return current_world().groups_alive(), threads_of(os.getpid()).get("gloo_tcp_loop", 0)

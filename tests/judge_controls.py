@@ -29,7 +29,7 @@ import correct_targets  # noqa: E402
 
 from harness.fuzz import fuzz  # noqa: E402
 from harness.targets.mutants import MUTANTS  # noqa: E402
-from harness.run.pool import RankPool  # noqa: E402
+from harness.run.hosts.pool import RankPool  # noqa: E402
 
 CORRECT = ["reference"] + [
     f"tests/correct_targets.py:{name}" for name, fn in inspect.getmembers(correct_targets, inspect.isfunction)

@@ -85,7 +85,7 @@ def child(request: dict) -> None:
 
 
 def serve(path: str) -> None:
-    from harness.run.family import die_with_parent
+    from harness.run.guards.family import die_with_parent
 
     die_with_parent()
     saved = os.dup(1)

@@ -50,7 +50,7 @@ def test_bad_input_raises_one_clear_error_before_any_rank_starts(target, selecti
 def test_public_names_resolve_after_the_internals_are_imported():
     """The package's exports are lazy; none may be shadowed by a submodule of the same name."""
     import harness.cases.context  # noqa: F401
-    import harness.run.runner  # noqa: F401
+    import harness.run.case.runner  # noqa: F401
 
     for name in harness.__all__:
         value = getattr(harness, name)

@@ -126,6 +126,44 @@ def test_the_steps_depend_downwards_only():
     assert bad == []
 
 
+RUN_ROLES = {"case", "world", "hosts", "guards", "audit"}
+
+
+def test_run_is_five_folders_by_role():
+    run = ROOT / "harness" / "run"
+    assert {p.stem for p in run.glob("*.py")} == {"__init__"}
+    assert {p.name for p in run.iterdir() if p.is_dir() and p.name != "__pycache__"} == RUN_ROLES
+
+
+def test_the_run_roles_depend_downwards_only():
+    """Hosts feed cases to ranks and the audit runs one on a user's job; a case uses the world's groups
+    and the guards; the world (groups, store, devices) and the guards know nothing of cases, hosts or
+    audits, so the per-launch caches live with the host (``LaunchState``), not in ``DistWorld``."""
+    forbidden = {"world": {"case", "hosts", "audit"}, "guards": {"case", "hosts", "audit"},
+                 "case": {"hosts", "audit"}, "audit": {"hosts"}, "hosts": {"audit"}}
+    bad = [f"{module} -> {dep}" for module, deps in import_graph().items() for dep in deps
+           if module.startswith("harness.run.") and dep.startswith("harness.run.")
+           and len(module.split(".")) > 3 and len(dep.split(".")) > 3
+           and dep.split(".")[2] in forbidden.get(module.split(".")[2], set())]
+    assert bad == []
+
+
+def private_imports() -> list[str]:
+    """``from harness.x import _name``: a module reaching into another's private names."""
+    found = []
+    for folder in ("harness", "scenarios"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("harness", "scenarios")):
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name}" for alias in node.names
+                              if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_anothers_private_names():
+    assert private_imports() == []
+
+
 def test_a_framework_is_one_folder_registered_in_one_line():
     from harness.targets.builtin_scenarios import scenarios_package
 

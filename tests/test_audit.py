@@ -175,8 +175,8 @@ def test_capture_and_replay_round_trip(tmp_path):
 def test_the_blocked_coefficient_is_the_harness_s_own():
     """``restore=True`` measures the coefficient in float64 blocks (one block of scratch memory): the same
     numbers as ``effects.applied_coefficients``, which converts every gradient to float64 at once."""
-    from harness.run import audit_exact
-    from harness.run.effects import applied_coefficients
+    from harness.run.audit import with_copy as audit_exact
+    from harness.run.case.effects import applied_coefficients
 
     g = torch.Generator().manual_seed(3)
     pre = {"a": torch.randn(3000, generator=g), "b": torch.randn(70, generator=g), "z": torch.zeros(5),

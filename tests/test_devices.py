@@ -4,8 +4,8 @@ import pytest
 
 import torch
 
-from harness.run.devices import accelerator_for, worker_visible_devices, world_skip_reason, xdist_worker
-from harness.run.world import process_group_backend
+from harness.run.world.devices import accelerator_for, worker_visible_devices, world_skip_reason, xdist_worker
+from harness.run.world.dist_world import process_group_backend
 
 
 @pytest.mark.parametrize("world, backend, devices, reason", [
@@ -69,10 +69,10 @@ def test_the_matrix_plans_worlds_beyond_the_gpus_as_skips(monkeypatch, tmp_path)
     assert skipped == ["world 4 nccl: world size 4 on nccl needs 4 GPUs (one per rank), 2 visible"]
 
 
-# -- the failure path on nccl (harness/run/devices.py docstring): each decision, tested on CPU ----------
+# -- the failure path on nccl (harness/run/world/devices.py docstring): each decision, tested on CPU ----------
 
 def test_nccl_errors_are_made_synchronous_and_never_kill_the_process():
-    from harness.run.devices import NCCL_ERROR_SETTINGS, nccl_error_environment
+    from harness.run.world.devices import NCCL_ERROR_SETTINGS, nccl_error_environment
 
     assert NCCL_ERROR_SETTINGS == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
     assert nccl_error_environment({}) == NCCL_ERROR_SETTINGS
@@ -85,7 +85,7 @@ def test_nccl_errors_are_made_synchronous_and_never_kill_the_process():
 def test_an_nccl_world_sets_them_before_its_first_group(monkeypatch):
     import os
 
-    from harness.run.world import DistWorld
+    from harness.run.world.dist_world import DistWorld
 
     for key in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "MASTER_ADDR", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
@@ -101,7 +101,7 @@ def test_an_nccl_world_sets_them_before_its_first_group(monkeypatch):
 
 
 class _GuardWorld:
-    """What ``runner._guarded`` uses of a world, recording what it was told."""
+    """What ``guard.guarded`` uses of a world, recording what it was told."""
 
     def __init__(self, device):
         self.device, self.hang_deadline_s = device, 0.5
@@ -123,7 +123,7 @@ def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
     import threading
     import time
 
-    import harness.run.runner as runner
+    import harness.run.case.guard as guard
 
     seen = []
 
@@ -131,34 +131,34 @@ def test_gpu_work_is_settled_inside_the_targets_guard(monkeypatch):
         seen.append((device, any(t.name == "clipcheck-watchdog" for t in threading.enumerate())))
         time.sleep(1.0)  # a kernel behind an unmatched collective: the watchdog reports it
 
-    monkeypatch.setattr(runner, "settle", settle)
+    monkeypatch.setattr(guard, "settle", settle)
     world = _GuardWorld(torch.device("cuda", 1))
-    value, error, _ = runner._guarded(world, "status", lambda: 3.0)
+    value, error, _ = guard.guarded(world, "status", lambda: 3.0)
     assert seen == [(torch.device("cuda", 1), True)]  # after the target, while the watchdog runs
     assert value == 3.0 and error is None
     assert len(world.hung) == 1 and "in settle" in world.hung[0]  # the hang names where it is stuck
 
 
 def test_an_error_surfacing_at_settle_is_the_targets(monkeypatch):
-    import harness.run.runner as runner
+    import harness.run.case.guard as guard
 
     def settle(device):
         raise RuntimeError("NCCL error: remote process exited or there was a network error")
 
-    monkeypatch.setattr(runner, "settle", settle)
+    monkeypatch.setattr(guard, "settle", settle)
     world = _GuardWorld(torch.device("cuda", 0))
-    value, error, _ = runner._guarded(world, "status", lambda: 3.0)
+    value, error, _ = guard.guarded(world, "status", lambda: 3.0)
     assert value is None and error.startswith("RuntimeError: NCCL error") and world.abandoned == 1
 
 
 def test_settle_is_a_no_op_on_cpu():
-    from harness.run.devices import settle
+    from harness.run.world.devices import settle
 
     settle(torch.device("cpu"))  # would raise without CUDA if it touched torch.cuda
 
 
 def test_a_single_run_or_fuzz_of_a_world_beyond_the_gpus_is_one_line_before_any_process(monkeypatch, capsys):
-    import harness.run.devices as devices
+    import harness.run.world.devices as devices
     from harness.commands import fuzz
 
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 2)

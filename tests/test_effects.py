@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from harness.run.effects import applied_coefficients
+from harness.run.case.effects import applied_coefficients
 
 
 def grads(**named: list[float] | None) -> dict[str, torch.Tensor | None]:
@@ -61,7 +61,7 @@ def test_a_gradient_finite_before_and_non_finite_after_is_named_and_one_non_fini
 def test_a_gradient_replaced_by_a_new_tensor_is_told_from_one_scaled_in_place():
     import torch.nn as nn
 
-    from harness.run.aftermath import ModelState
+    from harness.run.case.model_state import ModelState
 
     model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
     for p in model.parameters():
@@ -77,7 +77,7 @@ def test_a_gradient_replaced_by_a_new_tensor_is_told_from_one_scaled_in_place():
 def test_a_sparse_gradient_is_mangled_and_a_huge_int_return_is_a_type_fault():
     import pytest
 
-    from harness.run.effects import mangled_reason
+    from harness.run.case.effects import mangled_reason
     from harness.targets.target import reported_value
 
     dense = torch.ones(2, 3)
@@ -88,7 +88,7 @@ def test_a_sparse_gradient_is_mangled_and_a_huge_int_return_is_a_type_fault():
 
 
 def test_a_changed_global_torch_setting_is_named_and_restored():
-    from harness.run.aftermath import GlobalState, global_state_fault
+    from harness.run.case.model_state import GlobalState, global_state_fault
 
     before = GlobalState.of()
     try:

@@ -139,7 +139,7 @@ def test_reference_survives_the_budget(world4):
     GROUP_BUDGET groups is renewed before the next layout (without that: 177 groups created and 56 alive per
     rank after this test, 80 alive after the catalogue, each with three threads, one waking every few ms);
     every gloo group alive in a rank is one of its current generation's (tests/test_group_lifetime.py)."""
-    from harness.run.world import GROUP_BUDGET
+    from harness.run.world.dist_world import GROUP_BUDGET
     from harness_runs import gloo_groups_held
 
     report = fuzz("reference", world4, BUDGET, derandomize=True, shrink=False)

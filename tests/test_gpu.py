@@ -4,7 +4,7 @@ Each of these is the nccl twin of a gloo test in test_robustness.py: a fault in 
 test fails its own case, naming the rank, in bounded time, and the next case runs. On nccl they
 exercise what CPU cannot: errors raised synchronously by ``TORCH_NCCL_BLOCKING_WAIT``, the abort of
 every communicator and a fresh generation, and a kernel left in flight caught at the device settle
-(harness/run/devices.py). ``bench/gpu_check.sh`` runs them.
+(harness/run/world/devices.py). ``bench/gpu_check.sh`` runs them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness.run.devices import cuda_device_count
+from harness.run.world.devices import cuda_device_count
 from harness_runs import run_clipcheck
 
 BROKEN = "tests/broken_targets.py"

@@ -9,7 +9,7 @@ import torch
 
 from harness.cases.injection import Injection, local_grad, logical_grad
 from harness.cases.layout import Layout, LayoutError, MeshSpec, Shard, param
-from harness.run.measure import bit_words
+from harness.run.case.measure import bit_words
 from harness.cases.constructive import constructive_norm
 from harness.cases.values import box_values, full_box, logical_values, magnitude, stream_key, uniform_from_indices
 import harness.targets.builtin_scenarios  # noqa: F401  (maps harness.scenarios in a checkout)

@@ -124,7 +124,7 @@ def _listening_addresses(port: int) -> list[str]:
 
 
 def test_the_warm_world_store_listens_on_loopback_only():
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
     with RankPool(2, timeout_s=20) as pool:
         pool.start()
@@ -137,7 +137,7 @@ def test_a_closed_warm_world_leaves_no_folder_behind():
     up in /tmp on the development machine. Closing removes it; a pool started again makes a new one."""
     import os
 
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
     pool = RankPool(1, timeout_s=20)
     with pool:

@@ -9,11 +9,11 @@ import torch
 
 from harness.cases.variant import CaseSpec, Variant, declared_from_layout
 from harness.judge.checks import CHECKS, Judgement, evaluate
-from harness.run.effects import rank_effects
+from harness.run.case.effects import rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
-from harness.run.measure import Replication, StatsTable
+from harness.run.case.measure import Replication, StatsTable
 from harness.judge.truth import declared_norm, measured_norm
 from harness.cases.constructive import constructive_norm
 from harness.judge.signatures import Evidence, explain, replica_factor

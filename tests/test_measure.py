@@ -19,9 +19,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from harness.run import replicas
-from harness.run.measure import Replication, bits_digest, from_digests, gather_stats, measure_replication, merged
-from harness.run.pool import current_world
+from harness.run.case import replicas
+from harness.run.case.measure import Replication, bits_digest, from_digests, gather_stats, measure_replication, merged
+from harness.run.hosts.pool import current_world
 from harness.cases.layout import MeshSpec
 
 MESH = MeshSpec.of(a=2, b=2)
@@ -126,7 +126,7 @@ def test_a_digest_needs_no_numpy():
     check of CI, where the first digest raised 'Numpy is not available')."""
     code = ("import sys; sys.modules['numpy'] = None\n"
             "import torch\n"
-            "from harness.run.measure import bits_digest\n"
+            "from harness.run.case.measure import bits_digest\n"
             "print(bits_digest(torch.arange(7, dtype=torch.bfloat16)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

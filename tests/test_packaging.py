@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.torch_compat import torch_release
+from harness.run.world.torch_compat import torch_release
 from harness.targets.registry import builtin_scenarios
 from harness_runs import ROOT
 

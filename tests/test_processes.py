@@ -126,7 +126,7 @@ def test_a_process_whose_parent_died_ends_itself_and_its_children(tmp_path):
     script = tmp_path / "watched.py"
     script.write_text(
         "import os, subprocess, sys, time\n"
-        "from harness.run.family import adopt_orphans, watch_parent\n"
+        "from harness.run.guards.family import adopt_orphans, watch_parent\n"
         "pid = os.fork()\n"
         "if pid:\n"
         "    time.sleep(3600)\n"  # the parent: killed by the test

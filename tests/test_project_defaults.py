@@ -192,7 +192,7 @@ def test_harness_check_takes_the_tables_worlds_and_an_argument_wins(tmp_path, mo
     """Seen without starting a world: nccl on a machine without CUDA makes every world unrunnable, and
     the one-line refusal names the worlds the call would have run."""
     monkeypatch.setattr("harness.api.default_backend", lambda: "nccl")
-    monkeypatch.setattr("harness.run.devices.cuda_device_count", lambda: 0)
+    monkeypatch.setattr("harness.run.world.devices.cuda_device_count", lambda: 0)
     project(tmp_path, PROJECT.replace("worlds = [2, 4]", "worlds = [3, 5]"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ClipcheckInputError, match=r"nothing to run; world 3 nccl: .*; world 5 nccl: "):

@@ -208,7 +208,7 @@ def test_fuzz_with_a_target_that_kills_a_rank_ends_in_bounded_time(tmp_path):
 
 def _rank_zero_raises_outside_a_case() -> None:
     if os.environ["RANK"] == "0":
-        from harness.run.world import DeadRankError
+        from harness.run.world.dist_world import DeadRankError
 
         raise DeadRankError("rank(s) [1] did not report for startup within 120 s: they hung or died")
     time.sleep(60)  # stopped by the launcher once rank 0 has failed

@@ -1,4 +1,4 @@
-"""What a rank does once before its cases (harness.run.startup): ranks that outnumber the cores run
+"""What a rank does once before its cases (harness.run.world.startup): ranks that outnumber the cores run
 under SCHED_BATCH, ranks that fit keep the default policy. Each check runs in a child process, so the
 test process keeps its own policy."""
 
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from harness.run.startup import share_the_cores, usable_cores
+from harness.run.world.startup import share_the_cores, usable_cores
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
 

@@ -6,7 +6,7 @@ import torch
 
 from harness.cases.matrix import MatrixSpec
 from harness.cases.plan import plan_cases
-from harness.run.truth_cache import TruthCache, same_bits
+from harness.run.case.truth_cache import TruthCache, same_bits
 
 
 def _cases():

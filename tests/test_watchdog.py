@@ -1,4 +1,4 @@
-"""The watchdog's own contract (``harness.run.watchdog``): one thread per process serves every
+"""The watchdog's own contract (``harness.run.guards.watchdog``): one thread per process serves every
 watched call, so a call that finished must not be reported, a hang must be, and a forked child
 (the pool's workers come from a fork server) must get a watchdog of its own."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from harness.run.watchdog import watched
+from harness.run.guards.watchdog import watched
 
 
 def test_a_call_that_finishes_in_time_is_not_reported_and_a_hang_is_with_its_stack():

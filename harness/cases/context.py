@@ -20,7 +20,7 @@ from harness.cases.variant import CaseSpec, DeclaredPlan
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
 
 if TYPE_CHECKING:
-    from harness.run.world import DistWorld
+    from harness.run.world.dist_world import DistWorld
 
 _ATTRIBUTE = "_clipcheck_context"
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 gradient, as a layout the harness can judge and replay. Pure data and functions, no process groups.
 
 How copies are found. Every rank sends, per gradient, its shape, dtype, a few sampled elements' raw
-bits and its sums (``harness.run.gradient_pass``). Holdings that differ in shape, dtype or any sampled
+bits and its sums (``harness.run.audit.gradient_pass``). Holdings that differ in shape, dtype or any sampled
 bit are different gradients, for certain; holdings that agree on all of them are *candidates*, and
 only those are hashed whole (``measure.linear_digest``). A *class* is then every holding with the same
 shape, dtype and bits (equal digests): one logical gradient, counted once by the truth, held by one

@@ -20,7 +20,7 @@ from harness.targets.mutants.catalogue import (CATALOGUE, FUZZ_BUDGET, FUZZ_HYPO
                                                 FUZZ_WORLD, OUT_OF_SCOPE, REPRODUCED_ELSEWHERE, Mechanism)
 
 if TYPE_CHECKING:
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def bounds_apply(world: int, fuzz_examples: int) -> bool:
     arithmetic fails other examples)."""
     import hypothesis
 
-    from harness.run.torch_compat import torch_release
+    from harness.run.world.torch_compat import torch_release
 
     return ((world, fuzz_examples, hypothesis.__version__, torch_release())
             == (FUZZ_WORLD, FUZZ_BUDGET, FUZZ_HYPOTHESIS, FUZZ_TORCH))
@@ -112,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_PASS
     if args.world < 2:
         build_parser().error("--world must be at least 2 (a mechanism needs ranks to disagree)")
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool import RankPool
 
     recorded = bounds_apply(args.world, args.fuzz_examples)
     ok = True

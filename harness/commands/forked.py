@@ -36,7 +36,7 @@ from typing import IO, Any, Callable, Sequence
 
 import torch
 
-from harness.run.family import die_with_parent, end_descendants, keep_together
+from harness.run.guards.family import die_with_parent, end_descendants, keep_together
 from harness.cases.plan import Plan
 
 

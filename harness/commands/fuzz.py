@@ -20,9 +20,9 @@ from harness.errors import ClipcheckInputError
 from harness.fuzz import FuzzReport, describe, fuzz, fuzz_record
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_NOTHING_JUDGED, EXIT_PASS, EXIT_USAGE, worst
 from harness.report.results_file import ResultsFile, report_problems
-from harness.run.devices import world_problem
-from harness.run.pool import RankPool
-from harness.run.world import default_backend
+from harness.run.world.devices import world_problem
+from harness.run.hosts.pool import RankPool
+from harness.run.world.dist_world import default_backend
 from harness.targets.loading import LoadError
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target

@@ -51,11 +51,11 @@ from harness.judge.verdicts import EXIT_BROKEN, EXIT_OUTPUT, EXIT_USAGE, count, 
 from harness.report.junit import write_junit
 from harness.report.reporter import case_json, metamorphic_json
 from harness.report.results_file import report_problems, write_records
-from harness.run.devices import world_problem
-from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
-from harness.run.startup import preload_frameworks
-from harness.run.watchdog import timeout_problem
-from harness.run.world import default_backend
+from harness.run.world.devices import world_problem
+from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
+from harness.run.world.startup import preload_frameworks
+from harness.run.guards.watchdog import timeout_problem
+from harness.run.world.dist_world import default_backend
 from harness.cases.plan import Plan, plan_cases
 
 if TYPE_CHECKING:

@@ -82,7 +82,7 @@ def process_main() -> int:
     """``main`` as this process's own entry point (``clipcheck``, ``python -m harness``): the process
     dies with the launcher that started it, if one did, and leaves none of its descendants behind
     (``run.family``: a rank's or a clip's children, a launch's orphans)."""
-    from harness.run.family import end_descendants, keep_together
+    from harness.run.guards.family import end_descendants, keep_together
 
     keep_together()
     try:

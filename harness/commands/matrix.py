@@ -37,9 +37,9 @@ from harness.commands.options import add_selection_options, add_spawn_ranks_opti
     spec_from_args
 from harness.commands.project import ProjectDefaults, project_defaults
 from harness.cases.matrix import MatrixSpec
-from harness.run.devices import cuda_device_count, world_skip_reason
-from harness.run.family import PARENT_PID_ENV, descendants, end_descendants
-from harness.run.startup import preload_frameworks
+from harness.run.world.devices import cuda_device_count, world_skip_reason
+from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
+from harness.run.world.startup import preload_frameworks
 from harness.errors import ClipcheckInputError
 from harness.report.junit import write_junit
 from harness.report.html import compact_summary, write_html
@@ -51,7 +51,7 @@ from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_re
 from harness.report.reporter import case_json, metamorphic_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, \
     worst
-from harness.run.world import default_backend
+from harness.run.world.dist_world import default_backend
 
 DEFAULT_MATRIX = "default_matrix.toml"
 DEFAULT_WORLDS = "1,2,4,8"

@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.cases.matrix import parse_mapping
 from harness.errors import ClipcheckInputError
-from harness.run.watchdog import timeout_problem
+from harness.run.guards.watchdog import timeout_problem
 
 TABLE = "tool.clipcheck"
 OWN_KEYS = ("timeout",)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from harness.run.devices import world_problem
-from harness.run.world import default_backend
+from harness.run.world.devices import world_problem
+from harness.run.world.dist_world import default_backend
 from harness.cases.blob import case_spec, decode_trusted
 from harness.cases.variant import CaseSpec
 from harness.cases.plan import Plan, UsageError
@@ -36,8 +36,8 @@ def replay_plan(blob: str, world_size: int, named_targets: Sequence[str] = ()) -
 def replay_on_pool(blob: str, backend: str | None, timeout_s: float, json_path: str | None, verbose: bool,
                    named_targets: Sequence[str] = ()) -> int:
     """Start the ranks the case needs, run it, report it like a launch would."""
-    from harness.run.pool import RankPool
-    from harness.run.on_pool import run_case_on_pool
+    from harness.run.hosts.pool import RankPool
+    from harness.run.hosts.pool_cases import run_case_on_pool
     from harness.report.reporter import Reporter
 
     drawn, target = decode_trusted(blob, named_targets)
@@ -82,8 +82,8 @@ def audit_plan(path: str, targets: Sequence[str] | None, world_size: int | None,
 def audit_on_pool(path: str, targets: Sequence[str] | None, backend: str | None, timeout_s: float,
                   json_path: str | None, verbose: bool, max_norm: float | None = None) -> int:
     """``--from-audit`` without a launcher: start the ranks the audit ran on, replay, report."""
-    from harness.run.on_pool import run_case_on_pool
-    from harness.run.pool import RankPool
+    from harness.run.hosts.pool_cases import run_case_on_pool
+    from harness.run.hosts.pool import RankPool
     from harness.report.reporter import Reporter
 
     plan, saved = audit_plan(path, targets, None, max_norm)

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Sequence
 
 
-from harness.run.startup import settle_startup, share_the_cores
-from harness.run.devices import world_problem
-from harness.run.watchdog import timeout_problem
+from harness.run.world.startup import settle_startup, share_the_cores
+from harness.run.world.devices import world_problem
+from harness.run.guards.watchdog import timeout_problem
 from harness.errors import ClipcheckInputError
-from harness.run.execute import Executor
+from harness.run.hosts.launch import Executor
 from harness.commands.options import DEFAULT_TIMEOUT_S, add_selection_options, print_error, quiet_torch_warnings, \
     resolve_timeout, results_files_problem, spec_from_args
 from harness.commands.project import project_defaults
@@ -38,7 +38,7 @@ from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_USAGE
-from harness.run.world import DistWorld, default_backend
+from harness.run.world.dist_world import DistWorld, default_backend
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ true_g^p``. Re-running the target with gradients in one group only (every other 
 present, not None) isolates that group: ``weight_g = (reported_g / true_g)^p`` is the multiplicity
 the target assigns it (1 once, 1/4 when it is counted on one EP rank of four, 2 when a tied copy is
 counted twice). These are the pure parts: grouping, the one-group case, the weights and the words.
-``harness.run.blame`` runs the sub-cases.
+``harness.run.case.blame_reruns`` runs the sub-cases.
 
 What it cannot attribute, and says so: an inf norm (a max, not a sum over groups), a case with
 non-finite gradients, a group whose run raised or reported nothing, and a clip that is not linear in

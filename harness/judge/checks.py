@@ -16,7 +16,7 @@ Each check answers one question a user would ask of a clip function:
 * ``nonfinite``    with a non-finite gradient, did every rank take the same deliberate action?
 
 Each check is a ``CheckSpec`` in ``CHECKS``: its name, a small function of a ``Judgement`` (the case
-and every rank's record) and the rank-local measurements it reads, which ``harness.run.effects``
+and every rank's record) and the rank-local measurements it reads, which ``harness.run.case.effects``
 produces; ``evaluate`` runs them in order.
 """
 
@@ -217,7 +217,7 @@ Outcome = tuple[bool, str] | None
 @dataclass(frozen=True)
 class CheckSpec:
     """One check: its name in reports, the function of the case that judges it, and the rank-local
-    measurements it reads (keys of each record's ``local``, produced by ``harness.run.effects`` and
+    measurements it reads (keys of each record's ``local``, produced by ``harness.run.case.effects`` and
     the runner). ``tests/test_judging.py`` holds a positive control per name and verifies ``reads``."""
 
     name: str

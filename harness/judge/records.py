@@ -319,7 +319,7 @@ class CaseResult:
     param_mismatches: dict[str, list[str]] = field(default_factory=dict)
     """Per parameter, its declared-vs-measured contradictions (``mismatches`` groups them)."""
     blame: list[GroupWeight] = field(default_factory=list)
-    """The weight the target gave each parameter group (``harness.run.blame``), when asked."""
+    """The weight the target gave each parameter group (``harness.run.case.blame_reruns``), when asked."""
     blame_note: str = ""
     blame_rank: int = 0
     """The rank whose reports the blame weighs."""

@@ -1,6 +1,6 @@
 """Ground truth, two independent ways, as pure functions of what the ranks measured.
 
-*Measured*: each rank's per-parameter statistics (``harness.run.measure``) weighted by the
+*Measured*: each rank's per-parameter statistics (``harness.run.case.measure``) weighted by the
 replication the raw bits showed: a slice replicated k times counts 1/k.
 
 *Constructive*: the float64 norm of the logical gradients, from the value generator alone, with no

@@ -18,7 +18,7 @@ each rank must hold *after* that path; these helpers build a backward that ends 
 
 What the framework's path cannot deliver (a gradient that exists on some ranks of a reduction and not
 on others; replicas its hooks would make of distinct gradients) the runner's bit-for-bit check
-(``harness.run.delivery``) reports, and the layout is then synthetic for that framework.
+(``harness.run.case.delivery``) reports, and the layout is then synthetic for that framework.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class Target:
     * ``backward``: ``backward(model, ctx, grads)``, for a framework that acts on gradients between its
       backward and its clip (hooks, reduce-scatter, buckets, casts): instead of the harness writing
       ``grads`` (this rank's gradients by parameter name, None where it has none) into ``.grad``, it
-      produces them through the framework's own path (``harness.run.delivery`` checks that exactly
+      produces them through the framework's own path (``harness.run.case.delivery`` checks that exactly
       they arrived). None where the framework does nothing to gradients on the way to the clip.
     * ``findings``: what its known failures are (``Finding``), for the reports and the compatibility
       table.

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness.run.devices import accelerator_for
+from harness.run.world.devices import accelerator_for
 from harness.cases.context import CaseContext, context
 from harness.targets.gradient_path import install_linear_forwards
 from harness.targets.target import Finding, Target, stock, synthetic

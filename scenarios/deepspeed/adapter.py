@@ -45,7 +45,7 @@ import torch.nn as nn
 from harness.cases.axes import MeshAxis
 from harness.cases.variant import Variant
 from harness.cases.context import CaseContext, context
-from harness.run.devices import accelerator_for
+from harness.run.world.devices import accelerator_for
 from harness.targets.gradient_path import install_linear_forwards
 from harness.targets.target import Finding, Target, direct_call, stock, synthetic
 from .framework import FRAMEWORK as DEEPSPEED

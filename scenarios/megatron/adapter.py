@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from harness.run.devices import accelerator_for
+from harness.run.world.devices import accelerator_for
 from harness.cases.axes import MeshAxis
 from harness.cases.context import CaseContext, context
 from harness.targets.target import Finding, Target, stock

@@ -29,7 +29,7 @@ Order: on each mesh the crashing ``base plan`` runs before the exact ``sp-norms`
 correct layout is judged right after a case raised and the harness rebuilt its process groups (this
 order once failed ``dp=2 tp=2 tp+fsdp sp-norms`` with "Could not resolve the process group
 registered under the name N": DTensor's sharding-propagation cache kept the old generation's mesh,
-now emptied with every generation by ``harness.run.world.forget_dtensor_caches``).
+now emptied with every generation by ``harness.run.world.dist_world.forget_dtensor_caches``).
 
 ``Variant.info`` (a ``TorchtuneParallel``) tells the adapter the two sizes and whether the plan
 covers the norms.

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import harness
-from harness.run.measure import linear_digest
+from harness.run.case.measure import linear_digest
 
 MAX_NORM = 0.01
 

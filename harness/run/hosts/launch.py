@@ -38,8 +38,9 @@ from harness.judge.checks import CaseResult, amend_late, unjudged_result
 from harness.cases.plan import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
-from harness.run.blame import run_case_with_blame
-from harness.run.world import DeadRankError, DistWorld, WorldBroken
+from harness.run.case.blame_reruns import run_case_with_blame
+from harness.run.case.launch_state import LaunchState
+from harness.run.world.dist_world import DeadRankError, DistWorld, WorldBroken
 
 
 STOPPED_DETAIL = ("stopped by SIGTERM while this case ran: under torchrun, another rank died (see the launcher's "
@@ -95,6 +96,7 @@ class Executor:
     def __init__(self, world: DistWorld, plan: Plan, reporter: Reporter | None, progress: Progress,
                  start_at: int = 0, blame: bool | str = "auto") -> None:
         self.world = world
+        self.launch = LaunchState()
         self.blame = blame
         self.plan = plan
         self.reporter = reporter
@@ -120,7 +122,7 @@ class Executor:
                 if self.reporter is not None:
                     with self._reporting:
                         self.reporter.in_flight(case)
-                result = run_case_with_blame(self.world, case, self.plan.scenarios[case.scenario],
+                result = run_case_with_blame(self.world, self.launch, case, self.plan.scenarios[case.scenario],
                                              self.plan.targets[case.target], self.blame)
                 with self._reporting:
                     self.pending = result
@@ -152,11 +154,11 @@ class Executor:
         return status
 
     def _report_pending(self) -> str | None:
-        """Check the last case's model once more on every rank (``aftermath.LateWatch``: a change that
+        """Check the last case's model once more on every rank (``model_state.LateWatch``: a change that
         came after its own exchanges), then rank 0 reports that case: a few milliseconds after it ended,
         before the next one starts. The same exchange tells every rank whether some rank's world must
         stop (its target left a thread running: ``leftovers``); the reason, or None."""
-        watch, self.world.late_watch = self.world.late_watch, None
+        watch, self.launch.late_watch = self.launch.late_watch, None
         posts = self.world.allgather_json("late", {"changes": watch.changes() if watch is not None else [],
                                                    "stop": self.world.stop_reason}, self.world.exchange_deadline_s)
         with self._reporting:

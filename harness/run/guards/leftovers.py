@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from harness.run.family import descendants, end_descendants, has_children
+from harness.run.guards.family import descendants, end_descendants, has_children
 
 LEFTOVER_GRACE_S = 1.0
 """How long a child the target started may take to end after it returned before it is killed."""

@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 
 from harness.clipmath import local_tensor
-from harness.run.effects import canonical_nans
-from harness.run.gradient_pass import Stats, sample_positions
-from harness.run.measure import linear_digest
+from harness.run.case.effects import canonical_nans
+from harness.run.audit.gradient_pass import Stats, sample_positions
+from harness.run.case.measure import linear_digest
 
 ROW_SLACK = {torch.float64: 48 * 2.0**-53}
 """How far a row norm's ratio before/after may stray from the coefficient by the rounding of the row

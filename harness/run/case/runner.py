@@ -9,7 +9,7 @@ Every rank executes the same collectives in the same order whatever the function
    rank compares the holders' digests itself) or, on nccl, one MAX per mesh axis (private groups) and
    the verdicts merged through the store; once per layout variant and norm type (``truth_cache``: later
    cases of the variant start from bit-identical gradients, which each rank verifies);
-3. call the target, guarded (``_guarded``): an exception is caught, a Python-level hang is noticed by
+3. call the target, guarded (``guard.guarded``): an exception is caught, a Python-level hang is noticed by
    a watchdog (``watchdog``) and posted to the other ranks; a target with a framework setup
    (``dress``) gets the same guard around it, before the gradients are injected;
 4. check what the harness can see at once: the return type, the default process group;
@@ -28,38 +28,29 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import time
-import traceback
 from typing import Any, Callable
 
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, evaluate, is_collateral, setup_failed_result, skipped_result
+from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
-from harness.run.devices import settle
-from harness.run.aftermath import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
-from harness.run.effects import rank_effects, snapshot_params
+from harness.run.case.model_state import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
+from harness.run.case.effects import rank_effects, snapshot_params
 from harness.cases.model import generated_grads, local_grads
-from harness.run.delivery import expected_copies, undelivered
-from harness.run import replicas
-from harness.run.measure import digests_for_truth, gather_stats, pre_call_replication
+from harness.run.case.delivery import expected_copies, undelivered
+from harness.run.case import replicas
+from harness.run.case.measure import digests_for_truth, gather_stats, pre_call_replication
 from harness.judge.truth import measured_norm
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario
 from harness.targets.target import Target, reported_precision, reported_value
-from harness.run.leftovers import census, left_behind, threads_fault
-from harness.run.watchdog import watched
-from harness.run.world import DistWorld, WorldBroken
-
-
-def describe_exception(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {message[:300]}{where}"
+from harness.run.guards.leftovers import census, left_behind, threads_fault
+from harness.run.world.dist_world import DistWorld
+from harness.run.case.guard import agree, guarded
+from harness.run.case.launch_state import LaunchState
 
 
 def where_defined(fn: Callable[..., Any]) -> str:
@@ -75,63 +66,16 @@ def where_defined(fn: Callable[..., Any]) -> str:
     return f"{name} at {code}:{line}"
 
 
-def _guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
-    """Run a piece of the function under test (or its framework's setup) on this rank without
-    letting a failure leave the rank out of step: an exception is caught and the rank abandons its
-    groups at once, so peers blocked in a collective with it fail fast; a hang past the deadline is
-    posted as this rank's entry of the ``topic`` exchange, with its stack. GPU work queued by ``fn``
-    is settled inside the guard (``devices.settle``): on nccl it is where an error or a stuck kernel
-    of the target's shows up."""
-    start = time.perf_counter()
-
-    def on_hang(stack: str) -> None:
-        message = (f"hung: no answer from the function under test after {world.hang_deadline_s:.0f} s; "
-                   f"its stack:\n{stack}")
-        world.post_hung(topic, {"error": message, "fault": None, "broken": True})
-
-    with watched(world.hang_deadline_s, on_hang):
-        try:
-            value = fn()
-            settle(world.device)
-        except Exception as exc:  # the code under test may raise anything
-            error = describe_exception(exc)
-            world.left_call(raised=True)  # abandons the groups unless every rank has left the call
-            return None, error, time.perf_counter() - start
-    world.left_call(raised=False)
-    return value, None, time.perf_counter() - start
-
-
-def _agree(world: DistWorld, topic: str, status: dict[str, Any], case_done: bool = False) -> list[dict[str, Any]]:
-    """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
-    abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
-    raise that a broken connection caused mean a fresh generation of groups on every rank, at once. At a
-    case's end (``case_done``: the target's call has returned) a rank holding more than ``GROUP_BUDGET``
-    groups makes a renewal due on every rank, done before a later case (``DistWorld.before_case``), once
-    this case's model no longer holds them. A raise on every rank, nobody abandoned, keeps the groups: a
-    target that built its own (once, as Megatron and DeepSpeed do) still has them at its next call."""
-    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned, groups=world.groups_alive()),
-                                    world.exchange_deadline_s)
-    hung = [r for r, s in enumerate(statuses) if s.get("hung")]
-    if hung:  # those that raised meanwhile are named too: often what left the others waiting
-        raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
-        raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
-    failed = [s["error"] is not None for s in statuses]
-    if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
-            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
-        world.regenerate()
-    elif case_done:
-        world.groups_at_case_end = max(s.get("groups", 0) for s in statuses)  # alike on every rank
-    return statuses
-
-
 def _call_target(target: Target, model: Any, case: CaseSpec) -> Any:
     value = target.fn(model, max_norm=case.max_norm, norm_type=case.norm_type)
     # materialize a DTensor here, inside the guard: it is a collective every rank makes
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target) -> CaseResult | None:
-    """Run ``case`` on this rank; rank 0 returns the judged result, the other ranks None."""
+def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario,
+             target: Target) -> CaseResult | None:
+    """Run ``case`` on this rank; rank 0 returns the judged result, the other ranks None. ``launch`` is what
+    this rank keeps across the cases of its host (the truth measured, the model checked again later)."""
     if case.skip is not None:
         return skipped_result(case) if world.rank == 0 else None
     variant = case.variant
@@ -147,8 +91,8 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     scenario.dress(model, variant)
     dress = target.dress
     if dress is not None:
-        _, error, seconds = _guarded(world, "dress", lambda: dress(model, ctx))
-        statuses = _agree(world, "dress", {"error": error})
+        _, error, seconds = guarded(world, "dress", lambda: dress(model, ctx))
+        statuses = agree(world, "dress", {"error": error})
         if any(s["error"] is not None for s in statuses):
             if world.rank != 0:
                 return None
@@ -159,9 +103,9 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
         scenario.inject(model, variant, world.rank)
     else:  # the framework's own gradient path (its hooks, reduce-scatter): what arrives must be the layout's
         expected = expected_copies(generated_grads(layout, variant.injection, world.rank), world.device)
-        _, error, seconds = _guarded(world, "backward",
+        _, error, seconds = guarded(world, "backward",
                                      lambda: backward(model, ctx, {n: expected.get(n) for n in names}))
-        statuses = _agree(world, "backward", {"error": error})
+        statuses = agree(world, "backward", {"error": error})
         if any(s["error"] is not None for s in statuses):
             if world.rank != 0:
                 return None
@@ -172,7 +116,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
 
     # a measured layout's copies are classes of bits, whatever the mesh: always digests (CPU replays)
     digests = digests_for_truth(world.backend, layout.mesh) or layout.measured
-    stats, pre_rep, stale_truth = world.truth_cache.measure(
+    stats, pre_rep, stale_truth = launch.truth_cache.measure(
         case, pre,
         lambda for_replication: gather_stats(names, pre, case.norm_type, world.store_round("stats"),
                                              digests=digests and for_replication),
@@ -182,7 +126,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     default_group = dist.group.WORLD
     state_before, threads_before, settings = ModelState.of(model), set(threading.enumerate()), GlobalState.of()
     before = census()
-    value, error, seconds = _guarded(world, "status", lambda: _call_target(target, model, case))
+    value, error, seconds = guarded(world, "status", lambda: _call_target(target, model, case))
     reported, fault, broken = None, global_state_fault(settings), False  # restored for what follows
     left = left_behind(before)  # processes: killed now (threads are waited for below: ``aftermath``)
     if error is None:
@@ -196,7 +140,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     if left is not None:  # a child process may have used this rank's groups: fresh ones for all
         fault, broken = "; ".join(filter(None, [fault, left])), True
     generation = world.generation
-    _agree(world, "status", {"error": error, "fault": fault, "broken": broken}, case_done=True)
+    agree(world, "status", {"error": error, "fault": fault, "broken": broken}, case_done=True)
     if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
         groups = world.mesh(layout.mesh)
 
@@ -210,7 +154,7 @@ def run_case(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Targe
     if running:  # its collectives would reach the next case: this world stops after this one
         fault = "; ".join(filter(None, [fault, threads_fault(running)]))
         world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
-    world.late_watch = LateWatch(model, names, baseline, running)
+    launch.late_watch = LateWatch(model, names, baseline, running)
     # this rank's part only: the parts travel in the records, and rank 0 merges them
     local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
     local["stale_truth"] = stale_truth

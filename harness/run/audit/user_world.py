@@ -1,7 +1,7 @@
 """The user's own job as a ``DistWorld``: the control plane of ``harness.audit``.
 
 The harness's failure path (a guarded call, a watchdog that posts a hung rank, agreement through the
-rendezvous store, ``runner._guarded`` and ``runner._agree``) needs a ``DistWorld``. Inside a user's
+rendezvous store, ``guard.guarded`` and ``guard.agree``) needs a ``DistWorld``. Inside a user's
 training script the process group is the user's, started by the user's launcher (torchrun, DeepSpeed's,
 accelerate, SLURM), so this world adopts it instead of creating one:
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.run.world import DistWorld
+from harness.run.world.dist_world import DistWorld
 
 PREFIX = "clipcheck-audit"
 

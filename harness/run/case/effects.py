@@ -21,8 +21,8 @@ from typing import Any, Mapping
 
 import torch
 
-from harness.run.aftermath import ModelState
-from harness.run.measure import bit_words
+from harness.run.case.model_state import ModelState
+from harness.run.case.measure import bit_words
 
 Grads = Mapping[str, "torch.Tensor | None"]
 

@@ -11,8 +11,8 @@ never touched). The exchanges, in order (rank 0 gathers, decides, and says what 
    (``audit-plan``); those digests are gathered (``audit-digests``, only when there are any);
    rank 0 builds the measured case: classes of copies, the truth (each class once), the measured
    layout and its declared plan (``harness.cases.measured``);
-3. the clip, called once, guarded as the harness guards a target (``runner._guarded``: exceptions
-   caught, a hang noticed by the watchdog and posted through the store; ``runner._agree``);
+3. the clip, called once, guarded as the harness guards a target (``guard.guarded``: exceptions
+   caught, a hang noticed by the watchdog and posted through the store; ``guard.agree``);
 4. a second pass (the same sums and samples, the copies' digests again), what the clip did to this
    rank (``local``: the record every check reads), gathered on rank 0 (``audit-record``), which judges
    with ``harness.judge.checks.evaluate``: the same checks, signatures and tolerances as a case;
@@ -55,17 +55,17 @@ from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.records import CaseResult, Replication, StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
-from harness.run.audit_cheap import ParamMarks, cheap_policies, cheap_scale
-from harness.run.audit_mesh import job_mesh
-from harness.run.aftermath import ModelState, fingerprint, settled_changes, threads_started
-from harness.run.blame import weigh_groups
-from harness.run.audit_exact import blocked_coefficients
-from harness.run.effects import canonical_nans, consistent_policies, mangled_reason, sanitize
-from harness.run.gradient_pass import GradientPass, Stats, dtype_label
-from harness.run.measure import from_digests, linear_digest
-from harness.run.runner import _agree, _guarded, describe_exception
-from harness.run.user_world import UserWorld, user_world
-from harness.run.world import DeadRankError, WorldBroken
+from harness.run.audit.without_copy import ParamMarks, cheap_policies, cheap_scale
+from harness.run.audit.job_mesh import job_mesh
+from harness.run.case.model_state import ModelState, fingerprint, settled_changes, threads_started
+from harness.run.case.blame_reruns import weigh_groups
+from harness.run.audit.with_copy import blocked_coefficients
+from harness.run.case.effects import canonical_nans, consistent_policies, mangled_reason, sanitize
+from harness.run.audit.gradient_pass import GradientPass, Stats, dtype_label
+from harness.run.case.measure import from_digests, linear_digest
+from harness.run.case.guard import agree, describe_exception, guarded
+from harness.run.audit.user_world import UserWorld, user_world
+from harness.run.world.dist_world import DeadRankError, WorldBroken
 from harness.targets.target import reported_value
 
 Grads = Mapping[str, "torch.Tensor | None"]
@@ -166,7 +166,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     else:
         world.hang_handler = functools.partial(_peer_hung, world)
     clock.lap("snapshot")
-    value, error, seconds = _guarded(world, "audit-call", lambda: _materialized(clip()))
+    value, error, seconds = guarded(world, "audit-call", lambda: _materialized(clip()))
     if error is not None:
         world.post_error(error)
     reported, fault, broken = None, None, False
@@ -178,7 +178,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     if dist.is_initialized() and dist.group.WORLD is not default_group:
         fault, broken = "the clip function destroyed or replaced the default process group", True
     try:
-        _agree(world, "audit-status", {"error": error, "fault": fault, "broken": broken})
+        agree(world, "audit-status", {"error": error, "fault": fault, "broken": broken})
     except (WorldBroken, DeadRankError) as exc:
         return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
                       exc.detail if isinstance(exc, WorldBroken) else str(exc))
@@ -404,7 +404,7 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
             else:
                 target.zero_()
             named[name].grad = original
-    value, error, seconds = _guarded(world, f"audit-blame-{index}", lambda: _materialized(clip()))
+    value, error, seconds = guarded(world, f"audit-blame-{index}", lambda: _materialized(clip()))
     reported = None
     if error is None and value is not None:
         try:
@@ -414,7 +414,7 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
     implied = error is None and value is None
     if implied:  # a clip that returns nothing: its norm from the coefficient it applied to the group
         reported = _group_implied_norm(model, group, copies, max_norm)
-    _agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
+    agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
     empty = {"scale": {}, "vanished": [], "mangled": {}, "replaced": [], "became_nonfinite": [], "created": [],
              "params_changed": [], "late": [],
              "stale_truth": False, "undelivered": [], "implied": implied and reported is not None}

@@ -38,14 +38,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from harness.run.devices import nccl_error_environment
+from harness.run.world.devices import nccl_error_environment
 from harness.cases.layout import MeshSpec
-from harness.run.release import release_peers
-from harness.run.aftermath import LateWatch
-from harness.judge.blame import BlameKey
-from harness.judge.checks import CaseResult
-from harness.run.truth_cache import TruthCache
-from harness.run.torch_compat import groups_alive, member_group, set_group_timeout
+from harness.run.world.release import release_peers
+from harness.run.world.torch_compat import groups_alive, member_group, set_group_timeout
 
 
 class DeadRankError(RuntimeError):
@@ -211,17 +207,13 @@ class DistWorld:
         self.side_store = self._connect_store(client=True)
         self.generation = 0
         self._exchanges = 0
-        self.truth_cache = TruthCache()
-        self.late_watch: LateWatch | None = None  # the last case's model, checked again before the next
-        self.blamed: dict[BlameKey, CaseResult] = {}  # rank 0: the weighings of this world, for reuse
-        self.honest: dict[BlameKey, bool] = {}  # rank 0: whether a lying-plan case passed on the honest plan
         self._posted: list[str] = []
         self._calls = 0
         self._call_key: str | None = None
         self.abandoned = False
         """This rank abandoned its groups in the current generation (``abandon``): every rank must regenerate."""
         self.groups_at_case_end = 0
-        """The most groups any rank held at the end of the last case (``runner._agree``: alike on every
+        """The most groups any rank held at the end of the last case (``guard.agree``: alike on every
         rank); past ``GROUP_BUDGET``, a renewal is due (``before_case``)."""
         self._dropped_groups = False  # groups were dropped since the last ``free_dropped_groups``
         self._per_generation: dict[Hashable, Any] = {}
@@ -320,7 +312,7 @@ class DistWorld:
         same order). A rank whose target raised waits (``RAISED_WAIT_S``) for every other rank to have
         left it too; if one has not, it may be blocked in a collective with us: abandon the groups so it
         fails now. When every rank left (all raised, say a documented non-finite error), the groups, and
-        those the target built on them, are kept: nothing is regenerated (``runner._agree``)."""
+        those the target built on them, are kept: nothing is regenerated (``guard.agree``)."""
         self._calls += 1
         tag = f"clipcheck/call/{self._calls}"
         mine = f"{tag}/{self.rank}"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from harness.cases.variant import CaseSpec
 from harness.judge.checks import CaseResult, unjudged_result
-from harness.run.pool import RankPool, RankResult, current_world
+from harness.run.hosts.pool import RankPool, RankResult, current_launch, current_world
 from harness.targets.registry import registered_targets
-from harness.run.blame import run_case_with_blame
+from harness.run.case.blame_reruns import run_case_with_blame
 from harness.cases.scenario import Scenario
 from harness.targets.target import resolve_target
 
@@ -15,18 +15,17 @@ from harness.targets.target import resolve_target
 def run_case_task(case: CaseSpec, scenario: Scenario, blame: bool | str = False) -> CaseResult | None:
     """Runs on every rank of the pool; rank 0 returns the judged result."""
     target = resolve_target(case.target, registered_targets([scenario]))
-    world = current_world()
+    launch = current_launch()
     try:
-        return run_case_with_blame(world, case, scenario, target, blame)
+        return run_case_with_blame(current_world(), launch, case, scenario, target, blame)
     finally:  # nothing checks a pool case's model again: let it (and the groups it holds) go
-        world.late_watch = None
+        launch.late_watch = None
 
 
 def forget_blame() -> None:
     """Runs on every rank of the pool: a new plan starts, so no weighing of an earlier one is reused
     (a warm world outlives plans, and the same target name may now be another function)."""
-    current_world().blamed.clear()
-    current_world().honest.clear()
+    current_launch().forget_plan()
 
 
 def _last_line(result: RankResult) -> str:

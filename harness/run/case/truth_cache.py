@@ -22,8 +22,8 @@ from typing import Callable, Mapping
 import torch
 
 from harness.cases.variant import CaseSpec
-from harness.run.effects import canonical_nans
-from harness.run.measure import Replication, StatsTable
+from harness.run.case.effects import canonical_nans
+from harness.run.case.measure import Replication, StatsTable
 
 Grads = Mapping[str, "torch.Tensor | None"]
 

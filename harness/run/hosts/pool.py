@@ -45,13 +45,15 @@ from typing import Any, Callable, Iterator, cast
 
 import torch.distributed as dist
 
-from harness.run.family import children_die_with_this_process, die_with_parent
-from harness.run.startup import share_the_cores
-from harness.run.torch_compat import LISTEN_FD_ON_LIBUV
-from harness.run.watchdog import timeout_problem
-from harness.run.world import DistWorld
+from harness.run.guards.family import children_die_with_this_process, die_with_parent
+from harness.run.world.startup import share_the_cores
+from harness.run.world.torch_compat import LISTEN_FD_ON_LIBUV
+from harness.run.guards.watchdog import timeout_problem
+from harness.run.world.dist_world import DistWorld
+from harness.run.case.launch_state import LaunchState
 
 _WORLD: DistWorld | None = None
+_LAUNCH = LaunchState()
 
 
 def current_world() -> DistWorld:
@@ -59,6 +61,12 @@ def current_world() -> DistWorld:
     if _WORLD is None:
         raise RuntimeError("current_world() is only available inside a RankPool task")
     return _WORLD
+
+
+def current_launch() -> LaunchState:
+    """What the rank process running the current task keeps from case to case (the pool owns it: it
+    lives as long as the rank's world)."""
+    return _LAUNCH
 
 
 @dataclass
@@ -78,7 +86,7 @@ class PoolBroken(RuntimeError):
 
 
 FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo",
-                      "harness.run.pool", "harness.run.on_pool", "harness.scenarios")
+                      "harness.run.hosts.pool", "harness.run.hosts.pool_cases", "harness.scenarios")
 """Imported once by the fork server every rank is forked from: what the first task would otherwise
 import in every rank (the first DTensor imports torch._dynamo: ~1.7 s of CPU per rank; the registry
 imports every scenario module). Import errors are ignored there (the rank imports what it needs)."""

@@ -16,40 +16,41 @@ from harness.judge.blame import (additivity_note, blame_key, blame_reason, blame
                                  reuse_blame, weigh)
 from harness.judge.signatures import lying_plan_line
 from harness.judge.checks import CaseResult, surviving_signature
-from harness.run.runner import run_case
-from harness.run.world import DistWorld
+from harness.run.case.launch_state import LaunchState
+from harness.run.case.runner import run_case
+from harness.run.world.dist_world import DistWorld
 from harness.cases.variant import CaseSpec, plan_lies, with_honest_plan
 from harness.cases.scenario import Scenario
 from harness.targets.target import Target
 
 
-def run_case_with_blame(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target,
+def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
                         blame: str | bool = "auto") -> CaseResult | None:
     """``run_case``, then the diagnosis of a failure (unless ``blame`` is off): when its norm is wrong,
     the weight of each parameter group (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``,
     False ``off``); when its layout's declared plan lies, whether the clip is exact on the honest plan."""
     mode = ("all" if blame else "off") if isinstance(blame, bool) else blame
-    result = run_case(world, case, scenario, target)
+    result = run_case(world, launch, case, scenario, target)
     if mode == "off" or case.skip is not None:
         return result
-    result = _weighed(world, case, scenario, target, mode, result)
-    return _tried_on_the_honest_plan(world, case, scenario, target, result)
+    result = _weighed(world, launch, case, scenario, target, mode, result)
+    return _tried_on_the_honest_plan(world, launch, case, scenario, target, result)
 
 
-def _weighed(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target, mode: str,
+def _weighed(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target, mode: str,
              result: CaseResult | None) -> CaseResult | None:
     decision = None
     if world.rank == 0 and result is not None and blame_reason(result) is None:
-        decision = "reuse" if mode == "auto" and reuse_blame(world.blamed, result) else "run"
+        decision = "reuse" if mode == "auto" and reuse_blame(launch.blamed, result) else "run"
     if not world.allgather_json("blame", decision == "run", world.timeout_s)[0]:
         return result
     groups = parameter_groups([s.name for s in case.layout.trainable],
                               {s.name: s.present_ranks for s in case.layout.trainable})
-    subs = [run_case(world, group_only(case, params), scenario, target) for params in groups.values()]
+    subs = [run_case(world, launch, group_only(case, params), scenario, target) for params in groups.values()]
     if result is None:
         return None
     weigh_groups(result, groups, [s for s in subs if s is not None])
-    world.blamed[blame_key(result.case)] = result
+    launch.blamed[blame_key(result.case)] = result
     return result
 
 
@@ -68,18 +69,18 @@ def weigh_groups(result: CaseResult, groups: Mapping[str, Sequence[str]], subs: 
     return result
 
 
-def _tried_on_the_honest_plan(world: DistWorld, case: CaseSpec, scenario: Scenario, target: Target,
+def _tried_on_the_honest_plan(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
                               result: CaseResult | None) -> CaseResult | None:
     """A failing case whose declared plan lies, run once more with the honest plan: when it then
     passes, the failure comes from the declaration alone, and the result says so (fix the plan, not
-    the clip). Once per layout, target, norm and dtype (``world.honest``)."""
+    the clip). Once per layout, target, norm and dtype (``launch.honest``)."""
     key = blame_key(case)
     wanted = (world.rank == 0 and result is not None and result.verdict == "FAIL" and bool(plan_lies(case.variant))
-              and key not in world.honest)
+              and key not in launch.honest)
     if world.allgather_json("honest", wanted, world.timeout_s)[0]:
-        honest = run_case(world, dataclasses.replace(case, variant=with_honest_plan(case.variant)), scenario, target)
+        honest = run_case(world, launch, dataclasses.replace(case, variant=with_honest_plan(case.variant)), scenario, target)
         if honest is not None:
-            world.honest[key] = honest.verdict == "PASS"
-    if result is not None and world.honest.get(key):
+            launch.honest[key] = honest.verdict == "PASS"
+    if result is not None and launch.honest.get(key):
         result.signature = result.signature + [lying_plan_line(plan_lies(case.variant))]
     return result

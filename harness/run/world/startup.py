@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from harness.run.devices import usable_cores
+from harness.run.world.devices import usable_cores
 from harness.cases.plan import Plan
 
 

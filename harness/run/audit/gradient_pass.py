@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import torch
 
 from harness.clipmath import CPU_BLOCK, is_inf_norm
-from harness.run.measure import linear_digest
+from harness.run.case.measure import linear_digest
 
 SAMPLES = 16
 """Elements sampled per gradient: spread evenly, the same positions on every rank for one shape."""

@@ -20,8 +20,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from harness.run.effects import canonical_nans
-from harness.run.truth_cache import same_bits
+from harness.run.case.effects import canonical_nans
+from harness.run.case.truth_cache import same_bits
 
 Grads = Mapping[str, "torch.Tensor | None"]
 

@@ -19,9 +19,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from harness.run.measure import (Replication, StatsTable, bits_digest, from_digests, measure_replication, merged,
+from harness.run.case.measure import (Replication, StatsTable, bits_digest, from_digests, measure_replication, merged,
                                  uses_digests)
-from harness.run.world import MeshGroups
+from harness.run.world.dist_world import MeshGroups
 from harness.cases.layout import MeshSpec
 
 Grads = Mapping[str, "torch.Tensor | None"]

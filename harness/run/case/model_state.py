@@ -28,7 +28,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from harness.clipmath import local_tensor
-from harness.run.measure import bits_digest
+from harness.run.case.measure import bits_digest
 
 SETTLE_S = 2.0
 """How long a case waits for the threads its target started before it re-checks the model (a thread

@@ -1,0 +1,70 @@
+"""The guard around every call into the function under test (or its framework's setup), and the
+agreement every rank reaches after it, through the store: a case's runner and ``harness.audit`` both
+call a target this way, so a raise, a hang or a broken group is handled alike in both."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Callable
+
+from harness.judge.checks import is_collateral
+from harness.run.guards.watchdog import watched
+from harness.run.world.devices import settle
+from harness.run.world.dist_world import DistWorld, WorldBroken
+
+
+def describe_exception(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message[:300]}{where}"
+
+
+def guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
+    """Run a piece of the function under test (or its framework's setup) on this rank without
+    letting a failure leave the rank out of step: an exception is caught and the rank abandons its
+    groups at once, so peers blocked in a collective with it fail fast; a hang past the deadline is
+    posted as this rank's entry of the ``topic`` exchange, with its stack. GPU work queued by ``fn``
+    is settled inside the guard (``devices.settle``): on nccl it is where an error or a stuck kernel
+    of the target's shows up."""
+    start = time.perf_counter()
+
+    def on_hang(stack: str) -> None:
+        message = (f"hung: no answer from the function under test after {world.hang_deadline_s:.0f} s; "
+                   f"its stack:\n{stack}")
+        world.post_hung(topic, {"error": message, "fault": None, "broken": True})
+
+    with watched(world.hang_deadline_s, on_hang):
+        try:
+            value = fn()
+            settle(world.device)
+        except Exception as exc:  # the code under test may raise anything
+            error = describe_exception(exc)
+            world.left_call(raised=True)  # abandons the groups unless every rank has left the call
+            return None, error, time.perf_counter() - start
+    world.left_call(raised=False)
+    return value, None, time.perf_counter() - start
+
+
+def agree(world: DistWorld, topic: str, status: dict[str, Any], case_done: bool = False) -> list[dict[str, Any]]:
+    """Every rank learns every rank's status (through the store). A hung rank ends the run; a rank that
+    abandoned its groups, a broken default group, ranks that disagree (some raised, some did not) or a
+    raise that a broken connection caused mean a fresh generation of groups on every rank, at once. At a
+    case's end (``case_done``: the target's call has returned) a rank holding more than ``GROUP_BUDGET``
+    groups makes a renewal due on every rank, done before a later case (``DistWorld.before_case``), once
+    this case's model no longer holds them. A raise on every rank, nobody abandoned, keeps the groups: a
+    target that built its own (once, as Megatron and DeepSpeed do) still has them at its next call."""
+    statuses = world.allgather_json(topic, dict(status, abandoned=world.abandoned, groups=world.groups_alive()),
+                                    world.exchange_deadline_s)
+    hung = [r for r, s in enumerate(statuses) if s.get("hung")]
+    if hung:  # those that raised meanwhile are named too: often what left the others waiting
+        raised = [f"rank {r} raised {s['error']}" for r, s in enumerate(statuses) if r not in hung and s.get("error")]
+        raise WorldBroken(hung, "; ".join([*(f"rank {r}: {statuses[r]['error']}" for r in hung), *raised]))
+    failed = [s["error"] is not None for s in statuses]
+    if (any(s.get("broken") or s.get("abandoned") for s in statuses) or any(failed) != all(failed)
+            or any(is_collateral(s["error"]) for s in statuses if s["error"] is not None)):
+        world.regenerate()
+    elif case_done:
+        world.groups_at_case_end = max(s.get("groups", 0) for s in statuses)  # alike on every rank
+    return statuses

@@ -1,0 +1,1 @@
+"""Where ranks come from and how cases reach them: a torchrun launch's case loop, or warm pools."""

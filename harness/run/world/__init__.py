@@ -1,0 +1,1 @@
+"""One rank's process groups and store (``DistWorld``), and the device and torch-version decisions."""
