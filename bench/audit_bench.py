@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 REPLICATED_SHARE = 0.02
 ROWS = 1024
 """The clip's norm is taken by rows of this many elements (torch's CPU fp32 norm of one long vector
-accumulates sequentially: 8e-5 off at 4M elements, more than an fp32 norm may be; rows keep it exact)."""
+accumulates sequentially, and at millions of elements it is further off than an fp32 norm may be:
+docs/performance.md, "Figures cited by the code"; rows keep it exact)."""
 
 
 def _rss_kib(field: str) -> int:

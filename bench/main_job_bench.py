@@ -6,9 +6,10 @@ timed world by world, with the most threads any rank held.
     python bench/main_job_bench.py -- --scenario veomni_ep   # anything after -- goes to clipcheck matrix
 
 Why threads: every live gloo process group keeps three threads (two workers and a transport loop that
-wakes every few milliseconds), so a rank's thread count is the census of the groups it still holds. A
-run whose dropped groups stayed alive grew to a thousand threads per rank at world 8 and stalled; the
-issue that fixed it set the ceiling at 64 per rank at every point of the default matrix.
+wakes every few milliseconds), so a rank's thread count is the census of the groups it still holds.
+Dropped groups that stay alive pile up threads until a long run stalls (what that looked like:
+docs/performance.md, "Process groups: freed, not only forgotten"); the ceiling is 64 per rank at every
+point of the default matrix.
 
 How: the matrix runs in a child process; every ``SAMPLE_S`` this process lists the ranks under it from
 /proc and counts each one's threads (``/proc/PID/task``), attributing the sample to the world of as many

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.fuzz import fuzz  # noqa: E402
 from harness.cases.matrix import MatrixSpec  # noqa: E402
-from harness.cases.plan import plan_cases  # noqa: E402
+from harness.plan.planner import plan_cases  # noqa: E402
 from harness.run.hosts.pool import RankPool  # noqa: E402
 from harness.run.hosts.pool_cases import run_case_on_pool  # noqa: E402
 

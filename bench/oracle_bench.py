@@ -10,7 +10,8 @@ be compared (a spread would not end it sooner, but nothing here lets it). Measur
 slowest rank's median of ``--repeats``:
 
 * read pass: one read of every gradient byte (a MAX over its int32 words, the fastest full read
-  torch has on CPU: a sum over int32 words costs 12x more, a float64 upcast 10x);
+  torch has on CPU, ahead of a sum over the words or a float64 upcast: docs/performance.md, "Figures
+  cited by the code");
 * all-reduce: one MAX all-reduce of those words over the mesh axis (the least any exact cross-rank
   comparison has to move; none at world 1);
 * truth gloo / truth nccl: the oracle itself as the runner measures it on each backend (``measure``):

@@ -22,16 +22,17 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, metamorphic_records
 from harness.run.world.devices import world_problem
 from harness.errors import ClipcheckInputError
-from harness.targets.loading import load_object
+from harness.cases.loading import load_object
 from harness.cases.matrix import MatrixSpec, parse_mapping
-from harness.commands.project import project_defaults
-from harness.cases.plan import Plan, plan_cases
-from harness.run.hosts.pool import RankPool
+from harness.plan.project import project_defaults
+from harness.plan.planner import Plan, plan_cases
+from harness.judge.checks import unjudged_result
+from harness.run.hosts.pool import PoolBroken, RankPool
 from harness.run.hosts.pool_cases import forget_blame, run_case_on_pool
 from harness.report.failures import failures_text
 from harness.report.reporter import Reporter
 from harness.judge.verdicts import EXIT_PASS, count
-from harness.run.guards.watchdog import timeout_problem
+from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import default_backend
 
 
@@ -109,7 +110,7 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
 
     Defaults are the command line's: every scenario, fp32 and bf16, the scenario's norm types, bounds
     at 0.5x and 2x the true norm, world 2, a 60 s timeout; an argument left out (None) takes the value
-    of ``[tool.clipcheck]`` in the current directory's ``pyproject.toml`` (``harness.commands.project``;
+    of ``[tool.clipcheck]`` in the current directory's ``pyproject.toml`` (``harness.plan.project``;
     its ``targets`` do not apply: ``target`` names the one clip), and an argument given wins. A world this machine cannot run (nccl with fewer GPUs than ranks)
     is skipped with its reason (``report.skipped``), as the matrix does; none runnable is bad input.
     ``pools`` reuses warm worlds you hold (e.g. the pytest plugin's
@@ -119,7 +120,11 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
     (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``). ``synthetic``:
     also the scenarios' synthetic (regression) layouts, which no known trainer path reaches (``--synthetic``;
-    off by default)."""
+    off by default).
+
+    Raises ``ClipcheckInputError`` for bad input, before any rank starts. What goes wrong once ranks
+    run is in the report: a hung or dead rank is its case's ERROR, and a world whose ranks do not
+    start (``PoolBroken``) leaves its cases ERROR records (``not_run``), status 3."""
     project = project_defaults()
     raw: dict[str, Any] = {"targets": [target_reference(target)]}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
@@ -166,10 +171,20 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
 
 def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.StringIO,
               records: list[Record], blame: bool | str) -> None:
-    pool.run(forget_blame)  # the plan's weighings are its own
+    """One world's plan on ``pool``. A world whose ranks do not start (or do not start again after a
+    case killed them) is not a crash of ``check``: its cases not run are ERROR records (``not_run``)
+    and the status 3, as ``clipcheck run`` records a launch that could not run them; the other
+    worlds still run."""
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
-    for case in plan.cases:
-        reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))
+    pending = list(plan.cases)
+    try:
+        pool.run(forget_blame)  # the plan's weighings are its own
+        while pending:
+            reporter.case(run_case_on_pool(pool, pending[0], plan.scenarios[pending[0].scenario], blame))
+            pending.pop(0)
+    except PoolBroken as exc:
+        for case in pending:
+            reporter.case(unjudged_result(case, "not_run", f"not run: {exc}", world))
     reporter.finish()
     records.extend(reporter.records)

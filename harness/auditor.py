@@ -22,7 +22,6 @@ How it decides, and its limits: docs/audit.md.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -30,63 +29,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from harness.errors import ClipcheckInputError
-from harness.judge.records import CaseRecord, CaseResult
+from harness.run.audit.audit_report import AuditReport  # the public type, defined once where run_audit builds it
 
 DEFAULT_TIMEOUT_S = 60.0
-
-
-@dataclass
-class AuditReport:
-    """What ``audit`` found, on one rank. Rank 0 holds the judged case (``result``, ``record()``,
-    ``save``); every rank holds the verdict and its text."""
-
-    verdict: str
-    """PASS, FAIL, or ERROR (a rank hung or died in the clip, or the audit itself could not judge)."""
-    text: str
-    rank: int
-    world_size: int
-    backend: str
-    result: CaseResult | None = None
-    broken: bool = False
-    """A rank hung or died in the clip: the job's process groups cannot be trusted any more."""
-    notes: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Where the audit's time went, by phase (measure, classes, snapshot, call, effects, blame)."""
-    value: Any = None
-    """What the clip returned on this rank (what ``auditing`` hands back to its caller)."""
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "PASS"
-
-    def describe(self) -> str:
-        """The case as ``clipcheck run`` prints it: its line, every failed check, the signature and the
-        blame; then the audit's notes."""
-        return self.text + "".join(f"\nnote: {n}" for n in self.notes)
-
-    def record(self) -> CaseRecord | None:
-        """Rank 0: the case as a JSON Lines record (``--json``'s), None elsewhere."""
-        if self.result is None:
-            return None
-        from harness.report.reporter import case_json
-
-        return case_json(self.result, self.world_size, self.backend)
-
-    def save(self, path: str) -> bool:
-        """Rank 0: write the measured layout (names, local shapes, dtypes, which ranks hold copies of
-        what, each gradient's norm) and what the audit found, for ``clipcheck run --from-audit PATH
-        --target T``; False (nothing written) on the other ranks, or when nothing was measured."""
-        if self.result is None:
-            return False
-        from harness.cases.measured import audit_doc
-
-        case = self.result.case
-        found = {"truth": self.result.truth, "reported": self.result.reported, "verdict": self.verdict,
-                 "target": case.target, "signature": self.result.signature, "backend": self.backend}
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(audit_doc(case.variant, case.norm_type, case.max_norm, self.world_size, found), f)
-            f.write("\n")
-        return True
 
 
 def audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, norm_type: float = 2.0,
@@ -118,11 +63,10 @@ def audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, norm_ty
         returned.append(clip())
         return returned[-1]
 
-    outcome = run_audit(model, call, max_norm=float(max_norm), norm_type=float(norm_type), mesh=mesh,
-                        restore=restore, blame=blame, timeout_s=float(timeout_s), label=label or clip_label(clip))
-    return AuditReport(outcome.verdict, outcome.text, outcome.rank, outcome.world_size, outcome.backend,
-                       outcome.result, outcome.broken, outcome.notes, outcome.seconds,
-                       returned[0] if returned else None)
+    report = run_audit(model, call, max_norm=float(max_norm), norm_type=float(norm_type), mesh=mesh,
+                       restore=restore, blame=blame, timeout_s=float(timeout_s), label=label or clip_label(clip))
+    report.value = returned[0] if returned else None  # as the clip returned it (run_audit reads a DTensor whole)
+    return report
 
 
 @dataclass
@@ -152,12 +96,15 @@ def auditing(model: nn.Module, owner: Any, name: str, *, max_norm: float, norm_t
     original = getattr(owner, name)
     own = name in getattr(owner, "__dict__", {})
     hook = Auditing()
+    # taken once, here: popped inside the wrapper, the first audited call would take the user's label and
+    # every later one (``calls > 1``) be named after the owner
+    label = options.pop("label", None) or f"{type(owner).__name__}.{name}"
 
     def audited(*args: Any, **kwargs: Any) -> Any:
         if len(hook.reports) >= calls:
             return original(*args, **kwargs)
         report = audit(model, lambda: original(*args, **kwargs), max_norm=max_norm, norm_type=norm_type,
-                       label=options.pop("label", f"{type(owner).__name__}.{name}"), **options)
+                       label=label, **options)
         hook.reports.append(report)
         return report.value
 

@@ -33,7 +33,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 CPU_BLOCK = 1 << 16
 """Elements per float64 block on CPU: the upcast of a block stays in cache, so a gradient's power
 sum is one pass over its bytes instead of three over float64 copies the size of the gradient
-(``bench/oracle_bench.py``: 100M fp32 elements in 0.05 s instead of 0.87 s)."""
+(``bench/oracle_bench.py``; the figures: docs/performance.md, "Figures cited by the code")."""
 
 
 def pow_sum(t: torch.Tensor, norm_type: float) -> float:

@@ -12,3 +12,8 @@ class ClipcheckError(Exception):
 
 class ClipcheckInputError(ClipcheckError, ValueError):
     """Bad input, reported as one clear line (LayoutError, LoadError, UsageError derive from it)."""
+
+
+class UsageError(ClipcheckInputError):
+    """A request that cannot be run as asked (a matrix that plans no case, a blob that does not decode,
+    a world out of range), reported as one clear line."""

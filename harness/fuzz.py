@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -26,21 +27,27 @@ from harness.cases.matrix import PLAN_PROFILES
 from harness.cases.variant import with_honest_plan
 from harness.errors import ClipcheckInputError
 from harness.judge.blame import blame_lines
-from harness.judge.checks import CaseResult
+from harness.judge.records import CaseResult
 from harness.judge.records import FuzzRecord
 from harness.report.reporter import case_json
 from harness.run.hosts.pool import RankPool
 from harness.run.hosts.pool_cases import run_case_on_pool
+from harness.run.world.dist_world import default_backend
 from harness.targets.registry import registered_targets
 from harness.cases.blob import case_spec, replay_command
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, box_contains, unravel
-from harness.strategies import DrawnCase, DrawnScenario, drawn_cases
+from harness.cases.drawn import DrawnCase, DrawnScenario
+from harness.strategies import drawn_cases
 from harness.targets.target import resolve_target
 
 
 @dataclass
 class FuzzReport:
+    """What ``fuzz`` found for one target. It reads as ``CheckReport`` and ``AuditReport`` do:
+    ``passed``, ``describe()`` (the text ``clipcheck fuzz`` prints) and ``record()`` (the JSON Lines
+    record ``--json`` writes), so a test asserts on any of the three the same way."""
+
     target: str
     world_size: int
     examples: int
@@ -53,6 +60,8 @@ class FuzzReport:
     flaky: str | None = None
     """Why the first failure did not come back when hypothesis ran the same example again."""
     log: list[str] = field(default_factory=list)
+    backend: str | None = None
+    """The world's backend (``fuzz`` sets it), for ``record()``."""
 
     @property
     def passed(self) -> bool:
@@ -61,6 +70,41 @@ class FuzzReport:
     @property
     def replay(self) -> str | None:
         return None if self.minimal is None else replay_command(self.minimal, self.target)
+
+    def describe(self) -> str:
+        """Short, for ``assert report.passed, report.describe()``: one line for a pass; for a failure the
+        minimal case in words, its verdict, failed checks, signature and blame, and its ``replay:``
+        command (what ``clipcheck fuzz`` prints)."""
+        rate = self.examples / self.seconds if self.seconds else 0.0
+        head = (f"{self.target} on {self.world_size} rank(s): {self.examples} examples in "
+                f"{self.seconds:.1f} s ({rate:.1f}/s)")
+        if self.passed:
+            return f"{head}: PASS"
+        lines = [f"{head}: FAIL (first failure at example {self.failed_at}, shrunk in {self.shrink_steps} steps)"]
+        if self.flaky:
+            lines.append(f"  {self.flaky}")
+        lines += [f"  {line}" for line in minimal_case_lines(self)]
+        if self.crash:
+            lines.append(f"  not judged ({self.crash.splitlines()[0]}); the search stopped without shrinking")
+        if self.result is not None:
+            r = self.result
+            lines.append(f"  verdict {r.verdict}: reported {r.reported[0] if r.reported else None} true {r.truth}")
+            lines += [f"    {c.name}: {c.detail}" for c in r.failed]
+            lines += [f"      signature: {s}" for s in r.signature]
+            lines += [f"      blame: {line}" for line in blame_lines(r)]
+        lines.append(f"  replay: {self.replay}")
+        return "\n".join(lines)
+
+    def record(self) -> FuzzRecord:
+        """The report as one JSON Lines record (``clipcheck fuzz --json``)."""
+        backend = self.backend or default_backend()
+        return FuzzRecord(
+            type="fuzz", target=self.target, world_size=self.world_size, backend=backend,
+            examples=self.examples, seconds=round(self.seconds, 3), passed=self.passed,
+            failed_at=self.failed_at, shrink_steps=self.shrink_steps, crash=self.crash, flaky=self.flaky,
+            minimal=minimal_case_lines(self),
+            result=None if self.result is None else case_json(self.result, self.world_size, backend),
+            replay=self.replay)
 
 
 class _Failed(AssertionError):
@@ -80,7 +124,7 @@ def fuzz(target: str, pool: RankPool, examples: int, *, seed: int | None = None,
     minimal failing case one parameter group at a time (``harness.run.case.blame_reruns``) when its norm is wrong."""
     resolve_target(target, registered_targets())
     scenario = DrawnScenario()
-    report = FuzzReport(target, pool.world_size, 0, 0.0)
+    report = FuzzReport(target, pool.world_size, 0, 0.0, backend=pool.backend or default_backend())
     phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
 
     @settings(max_examples=examples, deadline=None, database=database, derandomize=derandomize, phases=phases,
@@ -142,25 +186,11 @@ def _record_failure(report: FuzzReport, drawn: DrawnCase, result: CaseResult | N
 
 
 def describe(report: FuzzReport) -> list[str]:
-    rate = report.examples / report.seconds if report.seconds else 0.0
-    head = (f"{report.target} on {report.world_size} rank(s): {report.examples} examples in "
-            f"{report.seconds:.1f} s ({rate:.1f}/s)")
-    if report.passed:
-        return [f"{head}: PASS"]
-    lines = [f"{head}: FAIL (first failure at example {report.failed_at}, shrunk in {report.shrink_steps} steps)"]
-    if report.flaky:
-        lines.append(f"  {report.flaky}")
-    lines += [f"  {line}" for line in minimal_case_lines(report)]
-    if report.crash:
-        lines.append(f"  not judged ({report.crash.splitlines()[0]}); the search stopped without shrinking")
-    if report.result is not None:
-        r = report.result
-        lines.append(f"  verdict {r.verdict}: reported {r.reported[0] if r.reported else None} true {r.truth}")
-        lines += [f"    {c.name}: {c.detail}" for c in r.failed]
-        lines += [f"      signature: {s}" for s in r.signature]
-        lines += [f"      blame: {line}" for line in blame_lines(r)]
-    lines.append(f"  replay: {report.replay}")
-    return lines
+    """Deprecated: ``report.describe()`` (a string, as ``CheckReport.describe`` and
+    ``AuditReport.describe`` are). Kept for callers of the old module function: the same lines."""
+    warnings.warn("harness.fuzz.describe(report) is deprecated: use report.describe()", DeprecationWarning,
+                  stacklevel=2)
+    return report.describe().split("\n")
 
 
 def minimal_case_lines(report: FuzzReport) -> list[str]:
@@ -184,14 +214,8 @@ def minimal_case_lines(report: FuzzReport) -> list[str]:
 
 
 def fuzz_record(report: FuzzReport, backend: str) -> FuzzRecord:
-    """``report`` as one JSON Lines record (``clipcheck fuzz --json``)."""
-    return FuzzRecord(
-        type="fuzz", target=report.target, world_size=report.world_size, backend=backend,
-        examples=report.examples, seconds=round(report.seconds, 3), passed=report.passed,
-        failed_at=report.failed_at, shrink_steps=report.shrink_steps, crash=report.crash, flaky=report.flaky,
-        minimal=minimal_case_lines(report),
-        result=None if report.result is None else case_json(report.result, report.world_size, backend),
-        replay=report.replay)
+    """``report.record()`` with the backend given (kept for its earlier callers)."""
+    return dataclasses.replace(report, backend=backend).record()
 
 
 def injection_lines(injection: Injection, layout: Layout) -> list[str]:

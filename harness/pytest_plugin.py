@@ -88,7 +88,7 @@ def configured_timeout(config: pytest.Config) -> float:
 
 
 def checked_timeout(value: Any, what: str) -> float:
-    from harness.run.guards.watchdog import timeout_problem
+    from harness.plan.project import timeout_problem
 
     try:
         seconds = float(value)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, TypeVar, cast
 
 from hypothesis import strategies as st
@@ -50,7 +49,7 @@ from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
 from harness.cases.model_names import NAMES, real_name
 from harness.cases.constructive import variant_truth
-from harness.cases.scenario import Scenario, ScenarioOptions
+from harness.cases.drawn import DrawnCase
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
 NORM_TYPES = (2.0, 1.0, math.inf, 3.0)
@@ -64,26 +63,6 @@ DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.39e38, "fp32": 3.40e38, "fp64": 1.79e308
 FITS_THE_DTYPE = 4.0
 """A drawn norm stays below a quarter of its dtype's largest number (else the scale falls back to 1):
 a correct clip may return the norm in the gradient dtype."""
-
-
-@dataclass(frozen=True)
-class DrawnCase:
-    """A drawn layout variant, norm type and clip bound (the target is chosen by the caller)."""
-
-    variant: Variant
-    norm_type: float
-    max_norm: float
-    world_size: int
-
-
-class DrawnScenario(Scenario):
-    """The scenario drawn cases belong to: the generic model, no framework dressing."""
-
-    name = "fuzz"
-    summary = "layouts drawn by hypothesis (harness.strategies)"
-
-    def variants(self, world_size: int, options: ScenarioOptions) -> list[Variant]:
-        return []
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -101,7 +80,8 @@ _Factory = TypeVar("_Factory", bound=Callable[..., Any])
 def _reused(factory: _Factory) -> _Factory:
     """One strategy object per distinct arguments. Hypothesis builds a fresh lazy strategy on every
     call of a composite (or of ``one_of``, ``map``) and validates it on its first draw: called inside
-    another composite, that was a fifth of the fuzzer's own time per example. A cached object is
+    another composite, that validation was paid on every draw (its cost: docs/performance.md, "Where it
+    stands", item 7, and "Figures cited by the code"). A cached object is
     validated once; derandomized runs draw the same cases as with fresh objects (pinned in
     tests/test_fuzz.py); ``sampled_from`` is left to hypothesis's own cache. Arguments that are not
     hashable (a list of kinds from a caller) get a fresh object, as before; ``typed`` keeps 1, 1.0

@@ -140,7 +140,7 @@ def unwaited_collective_on_rank0(model, *, max_norm, norm_type=2.0):
     return total
 
 
-# -- faults beyond the gradients' values (issue 29 item 3, issue 30 items 2-3) -------------------------------
+# -- faults beyond the gradients' values: gradients created, replaced or left behind, state the clip changed ---
 def zero_fills_missing_grads(model, *, max_norm, norm_type=2.0):
     """created: clips right, then gives every parameter without a gradient (frozen, or an expert that got
     no tokens) a zero one, as a framework that zero-fills before its optimizer step would."""
@@ -215,7 +215,7 @@ def drops_later_stages(model, *, max_norm, norm_type=2.0):
                         dtype=torch.float64)
 
 
-# -- issue 29, the red team's escapes: faults the judge did not see ------------------------------------------
+# -- escapes an adversarial review (a red team) found: faults the judge did not see --------------------------
 def _norm_then(model, max_norm, norm_type, scale):
     """The reference's norm (gradients restored), then the gradients scaled by ``scale(grad, coefficient)``."""
     saved = [(local_tensor(p.grad), local_tensor(p.grad).clone()) for _, p in trainable_with_grads(model)]
@@ -301,7 +301,7 @@ def scales_into_a_new_tensor(model, *, max_norm, norm_type=2.0):
 
 def sparse_gradients(model, *, max_norm, norm_type=2.0):
     """contract: clips right, then replaces each plain gradient by its sparse COO version (same shape, dtype
-    and device): the harness's own reads once crashed on it, every case."""
+    and device): the harness's own reads must not crash on it."""
     total = reference(model, max_norm=max_norm, norm_type=norm_type)
     for _, p in trainable_with_grads(model):
         if not hasattr(p.grad, "to_local"):

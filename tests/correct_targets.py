@@ -307,7 +307,7 @@ def foreach_kernels(model, *, max_norm, norm_type=2.0):
     return torch.tensor(norm, dtype=torch.float64)
 
 
-# -- issue 29's red team: correct clips the judge once failed ------------------------------------------------
+# -- correct clips an adversarial review (a red team) found the judge failing --------------------------------
 _BUILT_AT_INIT: list[dist.ProcessGroup] = []
 
 

@@ -17,8 +17,8 @@ from harness.cases.context import CaseContext
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, Shard, param
 from harness.cases.scenario import Scenario, ScenarioOptions
-from harness.targets.frameworks import Framework
-from harness.targets.target import Finding, Target, stock, synthetic
+from harness.cases.frameworks import Framework
+from harness.cases.target import Finding, Target, stock, synthetic
 
 FAKE = Framework("fakefw", "json", None, "it is the standard library's json")
 

@@ -1,5 +1,6 @@
 """Clip functions that break the run around them, not the clip: each is the reference clip plus one
-fault of the kind issue 30 / 29 found unhandled (tests/test_faults_*.py use them)."""
+fault around the clip that the harness must survive and blame on the right case: child processes,
+leaked threads, hangs, exits (tests/test_processes.py, tests/test_never_lie.py and others use them)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from harness.cases.variant import Variant, declared_from_layout
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, Shard, param
 from harness.cases.scenario import Scenario, ScenarioOptions
-from harness.targets.frameworks import Framework
-from harness.targets.target import Target
+from harness.cases.frameworks import Framework
+from harness.cases.target import Target
 
 
 def half_norm(model, *, max_norm, norm_type=2.0):

@@ -4,10 +4,11 @@ already imported what they import, for the test suite.
     python tests/forked_torchrun.py --nproc 2 --preload deepspeed -- scenarios/deepspeed/repro_engine_mean_of_norms.py
 
 Why: a framework's standalone repro or a user's training job under torchrun spends most of its time
-importing (each rank imports torch and the framework afresh: ColossalAI's import alone is 5.6 s of CPU, four
-fifths of its repro at world 2), and the suite runs dozens of them. Here the script's imports (``imports_of``)
-and ``--preload`` are imported once, then each rank is forked with torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR / MASTER_PORT of a store this process hosts on loopback, as torchrun's agent does),
+importing (each rank imports torch and the framework afresh; ColossalAI's import, for one:
+docs/performance.md, "Figures cited by the code"), and the suite runs dozens of them. Here the script's
+imports (``imports_of``) and ``--preload`` are imported once, then each rank is forked with torchrun's
+environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT of a store this process hosts on
+loopback, as torchrun's agent does),
 made like a fresh rank (``harness.commands.forked.like_a_fresh_rank``) and runs the script unchanged
 (``runpy``, as ``__main__``). Not torch's elastic agent with a function entry point: it waits for a return
 value that a script ending in ``os._exit`` never sends. Exit status: 0, or the first failing rank's (the

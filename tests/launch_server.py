@@ -1,6 +1,7 @@
 """``python -m harness ARGS`` as the suite runs it, some hundred times: forked from a process that has
 imported torch, the harness and every installed framework once, instead of a fresh interpreter that
-imports them again (2-7 s of CPU each, most of what a small launch costs).
+imports them again (most of what a small launch costs: docs/performance.md, "Figures cited by the
+code").
 
     python tests/launch_server.py SOCKET       # started by tests/harness_runs.py, one per pytest worker
 

@@ -171,10 +171,10 @@ def transformers_minor() -> tuple[int, int]:
 def test_repro_tp_plain_experts():
     """The standalone reproduction: a dots.llm1 loaded with ``tp_plan="auto"``, a real backward,
     accelerate's clip, the true norm gathered on rank 0. Where transformers leaves TP shards plain
-    (4.x: its local_* expert styles, checked with 4.57.6: ranks 1.832339 / 1.844782, true 1.878211,
-    ratio 0.975577 at world 2; 5.5 to 5.14: every shard, checked with 5.5.4, 5.10.4, 5.14.1: ratio
-    0.88) each rank reports its own, too small norm; with transformers from 5.16 (the pinned 5.18.0)
-    every TP shard is a DTensor, no plain shard arises and the clip is exact."""
+    (4.x: its local_* expert styles; 5.5 to 5.14: every shard; the ratios per release checked:
+    docs/frameworks.md, "Findings", accelerate) each rank reports its own, too small norm; with
+    transformers from 5.16 (the pinned 5.18.0) every TP shard is a DTensor, no plain shard arises and
+    the clip is exact."""
     lines = stdout_lines("scenarios/accelerate/repro_tp_plain_experts.py", 2)
     match = REPORT.match(lines[-1])
     assert match, lines

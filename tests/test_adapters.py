@@ -6,7 +6,7 @@ import pytest
 
 from harness.report.compat import compat_rows, markdown
 from harness.scenarios.xorl import FRAMEWORK as XORL
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 from harness_runs import expect_skips, run_clipcheck
 
 pytestmark = pytest.mark.distributed

@@ -1,4 +1,4 @@
-"""The recipes of docs/audit.md as tests (issue 31 item 5): each framework's own clip audited in a real job
+"""The recipes of docs/audit.md as tests: each framework's own clip audited in a real job
 (tests/audit_jobs/), a real forward and backward at world 2 and 4 on gloo; the audit agrees with the framework
 where it is right and catches it where our findings say it is wrong. A framework that is not installed is a
 skip with its install hint."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from audit_runs import JobRun, run_job
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 from harness.scenarios.accelerate import FRAMEWORK as ACCELERATE
 from harness.scenarios.deepspeed import FRAMEWORK as DEEPSPEED
 from harness.scenarios.megatron import FRAMEWORK as MEGATRON

@@ -11,7 +11,7 @@ from harness.targets.mutants.catalogue import (BUG_ROWS, CATALOGUE, FUZZ_BUDGET,
 from harness.targets.registry import builtin_scenarios
 from harness_runs import run_cli
 
-# the phrase the judge must show for mechanisms whose factor belongs to one mesh axis (issue 10, item 4)
+# the phrase the judge must show for mechanisms whose factor belongs to one mesh axis (it names that axis)
 AXIS_SIGNATURES = {
     "mutant-stage-local-norm": "each pp coordinate reports its own norm",
     "mutant-pp-max-reduce": "norms merged with MAX over pp",

@@ -1,4 +1,4 @@
-"""What CI tools read (issue 32, item 3): JUnit testcases unique within a run, a failure's text short
+"""What CI tools read: JUnit testcases unique within a run, a failure's text short
 and ending in the command that replays that one case, report.describe() the failing cases only,
 report.html a replay command for each failing case, a skip reason (an install hint) printed once."""
 
@@ -14,7 +14,8 @@ import pytest
 
 import harness
 from harness.cases.matrix import load_matrix
-from harness.cases.plan import UsageError, plan_cases, variant_selected
+from harness.errors import UsageError
+from harness.plan.planner import plan_cases, variant_selected
 from harness.commands.matrix import default_matrix_path
 from harness.report.failures import failures_text, replay_command
 from harness.report.html import render_html
@@ -96,7 +97,7 @@ def test_junit_failure_and_html_carry_the_replay_command():
     assert len(failure.text) < 1000  # the 5000-character detail is cut (the JSON record keeps it)
     assert "replay" in failures_text([failing])
     page = render_html([failing])
-    assert "--variant &#x27;=dp_shard=2 fsdp&#x27;" in page or "--variant '=dp_shard=2 fsdp'" in page
+    assert "--variant &#39;=dp_shard=2 fsdp&#39;" in page  # autoescaped, as every value of the page
 
 
 @pytest.mark.distributed
@@ -104,7 +105,7 @@ def test_a_skip_reason_is_printed_once_per_run(tmp_path):
     scenario = tmp_path / "needs_missing.py"
     scenario.write_text(
         "from harness.scenarios.dense_dp import DenseDP\n"
-        "from harness.targets.frameworks import Framework\n\n"
+        "from harness.cases.frameworks import Framework\n\n"
         "class NeedsMissing(DenseDP):\n"
         "    name = 'needs_missing'\n"
         "    requires = Framework('not-a-real-framework', 'not_a_real_module_xyz', None,\n"

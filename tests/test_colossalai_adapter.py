@@ -16,7 +16,7 @@ import pytest
 from harness.scenarios.colossalai import FRAMEWORK as COLOSSALAI
 from harness.scenarios.colossalai.scenario import EXPERT_PREFIX, moe_layout
 from harness.cases.injection import Injection
-from harness.cases.model import local_grad
+from harness.cases.injection import local_grad
 from harness_runs import failed, run_clipcheck
 from repro_runs import run_repro
 

@@ -44,7 +44,7 @@ def test_a_torch_finding_inherited_by_several_frameworks_is_filed_once_under_tor
 
 def test_a_release_recipe_is_the_pinned_one_with_its_version_unless_it_has_its_own():
     from harness.commands.sweep import pip_lines
-    from harness.targets.frameworks import Framework
+    from harness.cases.frameworks import Framework
 
     fw = Framework("ds", "ds.utils", "ds", "hint", recipe=("DS_BUILD_OPS=0 pip install --no-build-isolation ds==2.0",
                                                            "pip install --no-deps other-ds==2.0 ds-extra==1.0"),
@@ -61,7 +61,7 @@ def test_a_release_recipe_is_the_pinned_one_with_its_version_unless_it_has_its_o
 
 def test_the_sweep_table_says_which_release_has_which_finding():
     from harness.commands.sweep import ReleaseRun, sweep_table
-    from harness.targets.frameworks import Framework
+    from harness.cases.frameworks import Framework
 
     fw = Framework("veomni", "json", "veomni", "hint")
     bad = _case("veomni", "dp_replicate=1 ep_fsdp=1 ep=2 experts nan", "FAIL", norm="Linf")
@@ -79,7 +79,7 @@ def test_the_sweep_table_says_which_release_has_which_finding():
 
 def test_one_finding_text_reached_two_ways_is_two_rows_of_the_sweep():
     from harness.commands.sweep import ReleaseRun, sweep_table
-    from harness.targets.frameworks import Framework
+    from harness.cases.frameworks import Framework
 
     stock_row = dict(_case("deepspeed", "edp=1 ep=2 owner-sharded", "FAIL"), finding={
         "upstream": "ds #1", "note": "mean", "reach": "stock", "how": "engine", "owner": None, "repro": None,

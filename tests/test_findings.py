@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from harness_runs import failed, run_clipcheck
-from harness.targets.target import Finding, Reach, direct_call, stock, synthetic
+from harness.cases.target import Finding, Reach, direct_call, stock, synthetic
 
 pytestmark = pytest.mark.distributed
 

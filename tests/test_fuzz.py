@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from harness.fuzz import describe, fuzz
+from harness.fuzz import FuzzReport, describe, fuzz, fuzz_record
 from harness.cases.injection import local_grad
 from harness.cases.layout import box_contains, unravel
 from harness.targets.mutants.catalogue import FUZZ_BUDGET, FUZZ_WORLD
@@ -90,9 +90,9 @@ def test_strategies_still_take_unhashable_arguments():
 @pytest.mark.parametrize("group", ["biases", "norms", "router", "embeddings", "output_head", "lora_factors",
                                    "shared_experts"])
 def test_a_clip_that_miscounts_one_named_group_is_found(world4, group):
-    """Issue 37: clips pick groups by name, and drawn parameters were all named dense0, experts0, ...: a
-    clip counting every bias twice passed 100 examples. Drawn parameters now carry real models' names, and
-    the fuzzer's budget finds each such clip."""
+    """A clip that miscounts one group it picks by name is found within the fuzzer's budget: drawn
+    parameters carry real models' names (named dense0, experts0, ..., a clip counting every bias twice would
+    pass every example)."""
     report = fuzz(f"tests/broken_targets.py:double_counts_{group}", world4, FUZZ_BUDGET, seed=0, shrink=False,
                   blame=False)
     assert not report.passed, f"{group}: {report.examples} examples passed"
@@ -129,21 +129,21 @@ def test_the_strategies_reach_what_the_fixed_scenarios_reach(wanted):
 def test_a_dtensor_minimal_case_reads_on_its_own(world4):
     report = fuzz("mutant-dtensor-copy-scaled", world4, BUDGET, derandomize=True)
     assert not report.passed and report.minimal.variant.dtensor
-    text = "\n".join(describe(report))
+    text = report.describe()
     assert "DTensor parameters placed as declared" in text and "coefficient: " in text
 
 
 def test_reference_survives_the_budget(world4):
     """The reference passes the whole budget, and the warm world's ranks hold few process groups after it:
     fuzzing draws a new layout, so a new mesh, for most examples, and a generation holding more than
-    GROUP_BUDGET groups is renewed before the next layout (without that: 177 groups created and 56 alive per
-    rank after this test, 80 alive after the catalogue, each with three threads, one waking every few ms);
+    GROUP_BUDGET groups is renewed before the next layout (without that, groups pile up in every rank, each
+    with three threads, one waking every few ms: docs/performance.md, "Figures cited by the code");
     every gloo group alive in a rank is one of its current generation's (tests/test_group_lifetime.py)."""
     from harness.run.world.dist_world import GROUP_BUDGET
     from harness_runs import gloo_groups_held
 
     report = fuzz("reference", world4, BUDGET, derandomize=True, shrink=False)
-    assert report.passed and report.examples == BUDGET, describe(report)
+    assert report.passed and report.examples == BUDGET, report.describe()
     for result in world4.run(gloo_groups_held):
         alive, loops = result.value
         assert alive <= GROUP_BUDGET + 16, result  # at most one layout's groups past the budget
@@ -156,7 +156,10 @@ def test_a_failure_is_shrunk_and_its_replay_reproduces_it(world4, tmp_path):
     minimal = report.minimal.variant.layout
     assert len(minimal.params) == 1  # one parameter is enough to show a root taken before the mean
     assert any("mean of the rank-local norms" in s for s in report.result.signature)
-    text = "\n".join(describe(report))
+    text = report.describe()
+    with pytest.deprecated_call():  # the old module function: the same lines
+        assert describe(report) == text.split("\n")
+    assert report.record() == fuzz_record(report, report.backend) and report.record()["replay"] == report.replay
     assert "replay: " in text and " -m harness --replay cc1." in text
     # the minimal case reads on its own: its injection in words, and the weight given to its one group
     assert "  gradients: seed " in text
@@ -209,3 +212,15 @@ def test_a_stateful_target_is_a_fail_with_its_record_and_the_next_target_is_fuzz
 def test_a_bad_blob_is_a_clean_error():
     proc = run_cli(["--replay", "cc1.not-a-blob"])
     assert proc.returncode == 2 and "not a replay blob" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_fuzz_report_describes_itself_and_gives_its_record():
+    """``FuzzReport`` reads as ``CheckReport`` and ``AuditReport``: ``describe()`` is a string (the old module
+    function ``describe(report)``, deprecated, gives its lines), ``record()`` the ``--json`` record."""
+    report = FuzzReport("reference", 2, 10, 2.0, backend="gloo")
+    assert report.describe() == "reference on 2 rank(s): 10 examples in 2.0 s (5.0/s): PASS"
+    with pytest.deprecated_call():
+        assert describe(report) == [report.describe()]
+    record = report.record()
+    assert record["type"] == "fuzz" and record["passed"] and record["backend"] == "gloo"
+    assert fuzz_record(report, "nccl")["backend"] == "nccl" and report.backend == "gloo"

@@ -1,10 +1,11 @@
 """Process groups end with their generation: a renewal frees the groups it drops, with their threads,
-whatever torch or a framework cached of them (issue 36 item 1).
+whatever torch or a framework cached of them.
 
 Every live gloo group keeps three threads; a generation's groups were once only forgotten, not freed
 (reference cycles that only a full collection breaks, DTensor's planner and topology caches, frameworks'
 module globals: DeepSpeed's groups, VeOmni's and xorl's parallel states, accelerate's singleton state,
-adapters' own caches), and a long run grew to a thousand threads per rank at world 8 and stalled."""
+adapters' own caches), and a long run piled up threads in every rank until it stalled (docs/performance.md,
+"Process groups: freed, not only forgotten")."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ GROUP_BUILDERS = "deepspeed_autoep,accelerate_fsdp2,veomni_ep,colossalai_moe,aut
 
 def test_framework_scenarios_hold_few_threads_through_many_renewals(tmp_path):
     """The framework scenarios whose frameworks build groups, at world 4, one dtype, norm and bound per layout
-    (so many layouts, and a renewal at most of them): no rank ever holds more than 64 threads (before the
-    groups were freed: 258 on one rank)."""
+    (so many layouts, and a renewal at most of them): no rank ever holds more than 64 threads (the code
+    before the groups were freed fails it: docs/performance.md, "Process groups: freed, not only forgotten")."""
     args = ["-m", "harness", "run", "--nproc", "4", "--scenario", GROUP_BUILDERS, "--dtype", "fp32",
             "--norm-type", "2", "--clip-ratio", "0.5", "--no-progress", "--json", str(tmp_path / "r.jsonl")]
     with open(tmp_path / "out.txt", "w+") as out:  # a pipe nobody reads while sampling would fill and block

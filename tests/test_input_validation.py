@@ -14,8 +14,9 @@ from hypothesis.errors import NonInteractiveExampleWarning
 from harness.errors import ClipcheckError, ClipcheckInputError
 from harness.cases.layout import LayoutError
 from harness.cases.matrix import MatrixSpec, spec_from_mapping
-from harness.cases.plan import plan_cases
-from harness.cases.blob import MAX_WORLD, UsageError, decode, decode_trusted, encode
+from harness.plan.planner import plan_cases
+from harness.cases.blob import MAX_WORLD, decode, decode_trusted, encode
+from harness.errors import UsageError
 from harness.strategies import drawn_cases
 from harness_runs import run_cli
 

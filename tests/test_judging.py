@@ -13,10 +13,10 @@ from harness.run.case.effects import rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
-from harness.run.case.measure import Replication, StatsTable
+from harness.judge.records import Evidence, Replication, StatsTable
 from harness.judge.truth import declared_norm, measured_norm
 from harness.cases.constructive import constructive_norm
-from harness.judge.signatures import Evidence, explain, replica_factor
+from harness.judge.signatures import explain, replica_factor
 
 
 def simulated_stats(layout, injection, norm_type):
@@ -113,10 +113,8 @@ def rank_record(case, rank, reported, transform, error=None, fault=None, params_
     pre = {s.name: local_grad(layout, injection, s, rank) for s in layout.trainable}
     raw = {n: (None if g is None else transform(rank, n, g.clone())) for n, g in pre.items()}
     params = {n: torch.zeros(1) for n in params_changed}
-    _, local = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
-    local["stale_truth"] = False
-    local["undelivered"] = []
-    local["late"] = []
+    _, effects = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
+    local = effects.record(late=[], stale_truth=False, undelivered=[])
     return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
 
 
@@ -287,13 +285,13 @@ def test_only_a_documented_nonfinite_raise_passes_a_nonfinite_case():
     "RuntimeError: Infs in the gradient norm",
 ])
 def test_a_raise_in_other_words_for_non_finite_passes(message):
-    """Issue 29 red team F1: 'not finite', 'NaNs/Infs', 'non finite' were read as crashes."""
+    """A documented non-finite raise in other words ('not finite', 'NaNs/Infs', 'non finite') passes."""
     documented, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g, errors=(message + " (at clip.py:3)",) * 3)
     assert documented.verdict == "PASS", [(c.name, c.detail) for c in documented.failed]
 
 
 def test_a_rejected_raise_says_why():
-    """Issue 29 red team M6: a raise rejected for its message says so."""
+    """A raise rejected for its message says so."""
     arbitrary, _ = judge(partial_case(), [None] * 3, lambda r, n, g: g,
                          errors=("ValueError: broken on purpose (at x.py:3)",) * 3)
     detail = next(c.detail for c in arbitrary.failed if c.name == "raised")
@@ -301,7 +299,7 @@ def test_a_rejected_raise_says_why():
 
 
 def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding():
-    """Issue 29 red team F3: an exact fp64 norm returned as torch.tensor(norm) (float32) failed at fp64."""
+    """An exact fp64 norm returned as torch.tensor(norm) (float32) passes at fp64, within one float32 rounding."""
     layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
     case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
                     "t", 2.0, 0.5)
@@ -319,8 +317,8 @@ def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding()
 
 
 def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
-    """Issue 29 red team M1: 'scaled by 0.25, expected 0.25' and 'reported/true rank 0: 1' hid the failing
-    quantity (a float32 rounding at fp64): the details print the relative error and the tolerance."""
+    """The details print the relative error and the tolerance: 'scaled by 0.25, expected 0.25' and
+    'reported/true rank 0: 1' would hide the failing quantity (a float32 rounding at fp64)."""
     layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3)), param("b", (3,))))
     case = CaseSpec(0, "test", Variant("dp=2", layout, Injection(seed=2, dtype="fp64"), declared_from_layout(layout)),
                     "t", 2.0, 0.5)
@@ -333,7 +331,7 @@ def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
 
 
 def test_a_reported_max_norm_is_signed_as_the_norm_after_clipping():
-    """Issue 29 red team M2: reporting min(total, max_norm) read as '1/sqrt(4): a group counted once'."""
+    """Reporting min(total, max_norm) is signed as the norm after clipping, not a replica counted wrong."""
     case = dense_case()
     truth, scale = correct(case)
     assert case.max_norm < truth
@@ -342,7 +340,7 @@ def test_a_reported_max_norm_is_signed_as_the_norm_after_clipping():
 
 
 def test_no_replica_factor_is_read_into_a_layout_without_replicas():
-    """Issue 29 red team M3: 'sqrt(2): a group counted ... times' on a layout where nothing is replicated."""
+    """No 'sqrt(2): a group counted ... times' signature on a layout where nothing is replicated."""
     layout = Layout(MeshSpec.of(dp=2), (param("a", (4, 3), dp=Shard(0)), param("b", (4,), dp=Shard(0))))
     case = CaseSpec(0, "test", Variant("dp=2 sharded", layout, Injection(seed=2), declared_from_layout(layout)),
                     "t", 2.0, 100.0)
@@ -365,7 +363,7 @@ def test_harness_detected_faults_never_pass_even_on_a_nonfinite_case():
 
 
 def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract():
-    """Issue 29 red team E1: an fp16 overflow in ``g.mul_(max_norm)``, or a NaN fill, once passed: the
+    """An fp16 overflow in ``g.mul_(max_norm)``, or a NaN fill, in a finite case fails the contract: the
     factor fit skips non-finite gradients and the non-finite check only runs when the truth is not finite."""
     case = dense_case()
     truth, scale = correct(case)
@@ -382,8 +380,8 @@ def test_a_gradient_the_clip_made_non_finite_in_a_finite_case_fails_the_contract
 
 
 def test_a_documented_raise_after_touching_the_gradients_fails_the_nonfinite_check():
-    """Issue 29 red team E2: scaling (or poisoning) the gradients first and raising a documented non-finite
-    error afterwards left the step's gradients destroyed; a raise passes only if every holder left them."""
+    """Scaling (or poisoning) the gradients first and raising a documented non-finite error afterwards
+    leaves the step's gradients destroyed: a raise passes only if every holder left them."""
     case = partial_case()
     words = ("RuntimeError: The total norm of order 2.0 for gradients is non-finite, so it cannot be clipped",) * 3
     left, _ = judge(case, [None] * 3, lambda r, n, g: g, errors=words)
@@ -532,6 +530,14 @@ def _judgements():
         yield case, records, lambda recs: Judgement(case, truth, truth, stats, rep, rep, recs)
 
 
+def test_the_keys_a_check_may_declare_are_the_rank_local_records_keys():
+    import typing
+
+    from harness.judge.records import RankLocal, RankLocalKey
+
+    assert set(typing.get_args(RankLocalKey)) == set(RankLocal.__annotations__)
+
+
 @pytest.mark.parametrize("spec", CHECKS, ids=lambda spec: spec.name)
 def test_each_check_reads_only_the_rank_local_data_it_declares(spec):
     for _, records, make in _judgements():
@@ -575,3 +581,20 @@ def test_a_correctly_clipped_large_gradient_passes_at_every_dtype_and_a_slipped_
 
     result, _ = judge(case, [truth, truth], slipped)
     assert "coefficient" in failed(result) and "non-uniformly" in result.failed[0].detail
+
+
+def test_a_results_file_record_with_null_checks_is_counted_not_a_crash():
+    """Records are read back from files users keep: an ERROR record whose ``checks`` is null or missing
+    counts as a harness error (never judged as unjudged by a check it does not have), and the page and
+    the summary built from it do not raise."""
+    from harness.judge.verdicts import count, is_unjudged
+    from harness.report.html import render_html
+    from harness.report.summary import compact_summary
+
+    records = [{"type": "case", "verdict": "ERROR", "checks": None, "scenario": "s", "target": "t"},
+               {"type": "case", "verdict": "ERROR", "scenario": "s", "target": "t"},
+               {"type": "case", "verdict": "ERROR", "checks": {"crash": {"passed": False, "detail": "x"}}}]
+    assert [is_unjudged(r) for r in records] == [False, False, True]
+    assert count(records).unjudged == 1
+    render_html(records)
+    compact_summary(records)

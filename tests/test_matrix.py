@@ -9,7 +9,8 @@ import pytest
 from harness.report.junit import junit_xml
 from harness.cases.layout import LayoutError
 from harness.cases.matrix import MatrixSpec, load_matrix, spec_from_mapping
-from harness.cases.plan import UsageError, plan_cases
+from harness.errors import UsageError
+from harness.plan.planner import plan_cases
 from harness_runs import run_cli
 
 
@@ -110,8 +111,8 @@ SYNTHETIC_SCENARIOS = ("deepspeed_autoep", "torchtitan_ep", "veomni_ep", "automo
 
 @pytest.mark.parametrize("scenario", SYNTHETIC_SCENARIOS)
 def test_synthetic_layouts_are_opt_in_for_user_targets_and_adapters(scenario):
-    """Issue 37: a user's clip ran the synthetic layouts (no trainer reaches them) without --synthetic, and
-    their FAILs counted toward exit 1. The harness's own targets keep running them: they are its regressions."""
+    """A user's clip runs the synthetic layouts (no trainer reaches them) only with --synthetic, so their
+    FAILs cannot count toward exit 1; the harness's own targets keep running them: they are its regressions."""
     user = "tests/correct_targets.py:torch_primitives"
     spec = MatrixSpec(scenarios=(scenario,), targets=("reference", user), dtypes=("fp32",))
 

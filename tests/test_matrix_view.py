@@ -1,6 +1,7 @@
-"""The matrix views: the compact text summary and the static HTML page (harness/report/html.py).
+"""The matrix views: the compact text summary (harness/report/summary.py) and the static HTML page
+(harness/report/html.py).
 
-Unit tests on fabricated records shaped like report.case_json / metamorphic_json, then a real
+Unit tests on fabricated records shaped like reporter.case_json / finish.metamorphic_json, then a real
 headless Chromium (Debian's package; .ci/install-browser installs it) that loads the page, runs its
 JS, opens a failing cell (by URL fragment, and by a click event on its button that goes through the
 page's click handler) and takes a screenshot, copied to results/report-screenshot.png when the
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.html import compact_summary, render_html, write_html
+from harness.report.html import render_html, write_html
+from harness.report.summary import compact_summary
 
 SIG_ROOT = "equals the mean of the rank-local norms: a root taken before the cross-rank average"
 SIG_LOCAL = "each rank reports its rank-local norm: no cross-rank reduction"
@@ -288,7 +290,7 @@ def test_html_escapes_everything_and_is_self_contained():
     for raw in ("<script>alert('x')</script>", "<img src=x", "<b>bold</b>", "<i>detail</i>", "<sig & more>",
                 "<title> & co", "<now>", "<oops>", "echo '<x>'"):
         assert raw not in page
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
     assert "&lt;sig &amp; more&gt;" in page and "&lt;title&gt; &amp; co" in page
     # self-contained: one inline script, and no element that loads anything (the escaped text above
     # still reads "src=x", so look at the parsed elements, not at the bytes)

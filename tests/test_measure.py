@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from harness.run.case import replicas
-from harness.run.case.measure import Replication, bits_digest, from_digests, gather_stats, measure_replication, merged
+from harness.judge.records import Replication
+from harness.run.case.measure import bits_digest, from_digests, gather_stats, measure_replication, merged
 from harness.run.hosts.pool import current_world
 from harness.cases.layout import MeshSpec
 

@@ -1,9 +1,9 @@
 """A job over two nodes (two torchrun agents on this machine, c10d rendezvous on loopback) ends the same
-way on both, in bounded time: issue 29 item 5.
+way on both, in bounded time, with rank 0's exit status.
 
-Every rank leaves with rank 0's status (``DistWorld.leave_together``). Before, rank 0's node judged the
-matrix and exited 1 while the other node's ranks exited 0: its agent then waited 300 s in torchelastic's
-exit barrier for a store that had gone with the first agent, and aborted; in another run it exited 0, a
+Every rank leaves with rank 0's status (``DistWorld.leave_together``). Without it, rank 0's node judges
+the matrix and exits 1 while the other node's ranks exit 0: that node's agent then waits 300 s in
+torchelastic's exit barrier for a store that has gone with the first agent, and aborts, or exits 0, a
 success on a failing job (the rendezvous, not ``--node_rank``, decides which node holds global rank 0)."""
 
 from __future__ import annotations

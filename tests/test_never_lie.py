@@ -1,7 +1,8 @@
-"""A run never exits as a pass, nor leaves a file that reads as one, when it did not judge: issue 30's
-false passes and lost results (items 1, 4, 9, 10, 11), through each launcher they apply to.
+"""A run never exits as a pass, nor leaves a file that reads as one, when it did not judge: two runs on
+one output, nothing judged, an interrupted run, a full disk, rank 0 dying under plain torchrun, through
+each launcher they apply to.
 
-Fault targets: tests/fault_targets.py. Each test names the issue item it holds."""
+Fault targets: tests/fault_targets.py. Each test's docstring names the false pass or lost result it holds."""
 
 from __future__ import annotations
 
@@ -33,12 +34,12 @@ def _stop(proc, signum: int, timeout: float = 150) -> tuple[str, str]:
     return out, err
 
 
-# -- 30.1: two runs on one output -------------------------------------------------------------------------------
+# -- two runs on one output: the second is refused -------------------------------------------------------
 def test_a_second_run_on_the_same_results_file_is_refused_and_the_first_keeps_its_own(tmp_path):
-    """30.1 (clipcheck run; also 30.9 with SIGTERM, and 30.6): the second is one line, exit 2, before any
-    rank; the first's file holds its own records only, the case SIGTERM cut short, and a summary. While
-    it runs, every socket the launcher and its ranks listen on is bound to 127.0.0.1 (the elastic agent's
-    stores once listened on every interface, IPv4 and IPv6)."""
+    """Two `clipcheck run` on one --json file, the first then stopped by SIGTERM: the second is one line,
+    exit 2, before any rank; the first's file holds its own records only, the case SIGTERM cut short, and a
+    summary. While it runs, every socket the launcher and its ranks listen on is bound to 127.0.0.1 (the
+    elastic agent's stores, left to themselves, listen on every interface, IPv4 and IPv6)."""
     shared = tmp_path / "same.jsonl"
     first = start_harness(["run", "--nproc", "2", *ONE_CASE, "--target", f"reference,{FAULTS}:slow_reference",
                            "--json", str(shared), "--timeout", "600"], CLIPCHECK_TEST_SLEEP="600")
@@ -63,8 +64,8 @@ def test_a_second_run_on_the_same_results_file_is_refused_and_the_first_keeps_it
 
 
 def test_a_second_matrix_on_the_same_out_folder_is_refused(tmp_path):
-    """30.1 (clipcheck matrix): two matrices on one --out once read each other's per-launch records and the
-    one testing a half-norm clip printed PASS. The second is refused; the first is interrupted (130)."""
+    """Two `clipcheck matrix` on one --out (each would read the other's per-launch records, and the one
+    testing a half-norm clip print PASS): the second is refused; the first is interrupted (130)."""
     out = tmp_path / "results"
     matrix = ["matrix", "--nproc-list", "2", *ONE_CASE, "--out", str(out), "--timeout", "600"]
     first = start_harness([*matrix, "--target", f"{FAULTS}:half_norm,{FAULTS}:slow_reference"],
@@ -72,7 +73,7 @@ def test_a_second_matrix_on_the_same_out_folder_is_refused(tmp_path):
     try:
         wait_until(lambda: any(r.get("target") == f"{FAULTS}:half_norm" for r in jsonl(out / "world2-gloo.jsonl")),
                    240, "the first matrix's first record")
-        listening = listening_addresses({first.pid} | descendants(first.pid))  # 30.6, through the matrix
+        listening = listening_addresses({first.pid} | descendants(first.pid))  # loopback only, via the matrix too
         assert listening and set(listening) == {LOOPBACK}, listening
         second = run_cli([*matrix, "--target", "reference"], timeout=240)
         assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stdout + second.stderr
@@ -85,10 +86,10 @@ def test_a_second_matrix_on_the_same_out_folder_is_refused(tmp_path):
     assert "=> PASS" not in output
 
 
-# -- 30.4: nothing judged ----------------------------------------------------------------------------------------
+# -- nothing judged is its own status, never a pass -------------------------------------------------------
 def test_nothing_judged_is_its_own_status_through_every_launcher(tmp_path):
-    """30.4: --start-at past the plan with a target that raises everywhere, and a selection of SKIPs only,
-    once exited 0 ("0 cases => PASS"); now EXIT_NOTHING_JUDGED (4), and harness.check has not passed."""
+    """--start-at past the plan with a target that raises everywhere, and a selection of SKIPs only, exit
+    EXIT_NOTHING_JUDGED (4), not 0 ("0 cases => PASS"), and harness.check has not passed."""
     start_past = run_cli(["--start-at", "99", *ONE_CASE, "--target", f"{BROKEN}:raise_everywhere"], timeout=240)
     assert start_past.returncode == EXIT_NOTHING_JUDGED and "=> NOTHING JUDGED" in start_past.stdout
     torchrun = run_harness(2, ["--start-at", "99", *ONE_CASE, "--target", f"{BROKEN}:raise_everywhere"], tmp_path)
@@ -102,12 +103,11 @@ def test_nothing_judged_is_its_own_status_through_every_launcher(tmp_path):
     assert not report.passed and report.status == EXIT_NOTHING_JUDGED
 
 
-# -- 30.9: interrupting a run ------------------------------------------------------------------------------------
+# -- an interrupted run records the case in flight and a summary -----------------------------------------
 @pytest.mark.parametrize("launcher", ["clipcheck-run", "torchrun"])
 def test_an_interrupted_run_records_the_case_in_flight_and_a_summary(tmp_path, launcher):
-    """30.9: SIGINT once ended `clipcheck run` with exit 1 and a SignalException traceback, and left a
-    JSONL of N passes, no summary, no record of the case in flight. Now: that case is an ERROR
-    (interrupted), the summary says not judged; `clipcheck run` exits 130. Plain torchrun's own exit
+    """After SIGINT the case in flight is an ERROR (interrupted) and the summary says not judged, never a
+    JSONL of N passes without either; `clipcheck run` exits 130, no SignalException traceback. Plain torchrun's own exit
     status is torchrun's (non-zero), but its ranks write the same file."""
     results = tmp_path / "results.jsonl"
     args = [*ONE_CASE, "--target", f"reference,{FAULTS}:sleep_forever_on_rank1", "--timeout", "600",
@@ -129,11 +129,11 @@ def test_an_interrupted_run_records_the_case_in_flight_and_a_summary(tmp_path, l
         assert proc.returncode != 0
 
 
-# -- 30.10: a full disk ------------------------------------------------------------------------------------------
+# -- a full disk is one line and its own status ----------------------------------------------------------
 def test_a_full_disk_is_one_line_and_its_own_status(tmp_path):
-    """30.10: --json / --junit on a full disk (here /dev/full, through links) once ended in an OSError
-    traceback, the passing case called a crash and relaunched, the file empty. Now every verdict is
-    printed, each unwritable file is one line, and the status is EXIT_OUTPUT (5)."""
+    """--json / --junit on a full disk (here /dev/full, through links): every verdict is printed, each
+    unwritable file is one line, and the status is EXIT_OUTPUT (5); no OSError traceback, and the passing
+    case is not called a crash and relaunched."""
     full_json, full_junit = tmp_path / "results.jsonl", tmp_path / "junit.xml"
     full_json.symlink_to("/dev/full")
     full_junit.symlink_to("/dev/full")
@@ -148,11 +148,11 @@ def test_a_full_disk_is_one_line_and_its_own_status(tmp_path):
     assert Path("/dev/full").is_char_device()  # the link, never the device, was the launcher's to touch
 
 
-# -- 30.11: rank 0 dies under plain torchrun ------------------------------------------------------------------------
+# -- rank 0 dying under plain torchrun leaves a case not judged, never a clean file -----------------------
 def test_rank_0_dying_under_plain_torchrun_leaves_a_case_not_judged(tmp_path):
-    """30.11: rank 0 killed mid-case (a gloo abort; here os._exit) under plain torchrun left a JSONL with
-    no record of that case and no summary: it read as a clean run. Rank 0 now writes an in-flight marker
-    before each case; a marker no record follows counts as a case not judged."""
+    """Rank 0 killed mid-case (a gloo abort; here os._exit) under plain torchrun writes neither that case's
+    record nor a summary, so the JSONL would read as a clean run: rank 0 writes an in-flight marker before
+    each case, and a marker no record follows counts as a case not judged."""
     run = run_harness(2, [*ONE_CASE, "--target", f"reference,{FAULTS}:exit_on_rank0", "--timeout", "20"], tmp_path)
     assert run.returncode != 0
     assert [r["type"] for r in run.records][-1] == "in_flight"

@@ -61,8 +61,24 @@ def test_wheel_carries_every_module_the_scenarios_and_the_package_data(wheel):
                  for p in (ROOT / "scenarios").rglob("*.py") if "__pycache__" not in p.parts}
     expected |= {"harness/default_matrix.toml", "harness/py.typed", "harness/scenarios/__init__.py",
                  "harness/scenarios/deepspeed/adapter.py"}
+    expected |= _REPORT_FILES
     assert not expected - names, f"missing from the wheel: {sorted(expected - names)}"
     assert not [n for n in names if n.startswith("scenarios/")], "a top-level scenarios package would shadow"
+
+
+_REPORT_FILES = {"harness/report/templates/report.html.j2", "harness/report/assets/report.css",
+                 "harness/report/assets/report.js"}
+"""report.html's template, style and script: package data, read with importlib.resources."""
+
+
+def test_wheel_carries_the_pages_template_and_assets_as_they_are(wheel):
+    """Every file of report/templates and report/assets, byte for byte: a page rendered from an
+    installed clipcheck is the page the tests render from the checkout."""
+    folders = [ROOT / "harness" / "report" / name for name in ("templates", "assets")]
+    files = {p.relative_to(ROOT).as_posix(): p for folder in folders for p in folder.iterdir() if p.is_file()}
+    assert set(files) == _REPORT_FILES
+    for name, path in files.items():
+        assert wheel.read(name) == path.read_bytes(), name
 
 
 def test_wheel_declares_what_the_runtime_imports(wheel):
@@ -71,6 +87,7 @@ def test_wheel_declares_what_the_runtime_imports(wheel):
     names = {r.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower() for r in runtime}
     assert "numpy" not in names
     assert "hypothesis" in names
+    assert "jinja2" in names  # report.html's template
     (torch,) = [r.replace(" ", "") for r in runtime if r.lower().startswith("torch")]
     # exactly the releases the suite ran on: CI's and .ci/torch-versions' (docs/torch-versions.md)
     assert set(torch.removeprefix("torch").split(",")) == set(_ran_torch_range()), torch

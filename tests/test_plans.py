@@ -9,7 +9,7 @@ import pytest
 
 import harness
 from harness.cases.matrix import spec_from_mapping
-from harness.cases.plan import plan_cases
+from harness.plan.planner import plan_cases
 from harness.cases.variant import HONEST_PLAN, plan_lies
 from harness.errors import ClipcheckInputError
 from harness.fuzz import fuzz

@@ -1,5 +1,6 @@
 """What a clip starts, leaves or breaks around it is its own fault, in bounded time, and no process
-outlives the command that started it: issue 30 items 7, 8 and 12, issue 29 item 6.
+outlives the command that started it: a clip's child processes, a launcher killed outright, a thread a
+clip leaves running, and a rank that raised while the others waited on it.
 
 Fault targets: tests/fault_targets.py."""
 
@@ -49,14 +50,14 @@ class FamilyWatch:
         return alive(self.seen)
 
 
-# -- 30.7: a clip's own child processes ----------------------------------------------------------------------
+# -- a clip's own child processes fail its case and are killed, in bounded time ---------------------------
 @pytest.mark.parametrize("launcher", ["clipcheck-run", "torchrun"])
 def test_a_clips_child_processes_fail_its_case_and_are_gone_in_bounded_time(tmp_path, launcher):
-    """30.7: with forked ranks `clipcheck run` once waited for every descendant of a rank (a forked child
-    inherits the pipe whose closing tells the agent the rank ended): a clip that forked a 400 s sleeper
-    held a `--timeout 10` launch past 150 s, a forked child running collectives deadlocked it for good.
-    Each such clip now fails its own case (contract, naming what it left), what it left is killed, the
-    next case passes, and the command ends in bounded time with nothing left behind."""
+    """A clip that leaves child processes behind fails its own case (contract, naming what it left), what
+    it left is killed, the next case passes, and the command ends in bounded time with nothing left behind.
+    A child forked from a rank inherits the pipe whose closing tells the agent the rank ended, so a launcher
+    that waited for every descendant would be held far past `--timeout` by a sleeper, and deadlocked for good
+    by a child running collectives."""
     targets = ",".join([*(f"{FAULTS}:{name}" for name in CHILDREN), "reference"])
     args = [*ONE_CASE, "--target", targets, "--timeout", "10"]
     start = time.monotonic()
@@ -100,9 +101,9 @@ LAUNCHERS = {  # command line, processes under the killed one once the case runs
 def test_no_process_outlives_a_launcher_killed_outright(tmp_path, launcher):
     """Whatever a launcher starts (its `clipcheck run` child, the ranks, spawned or forked) dies with it
     when it is SIGKILLed while a case runs, through every launcher. Spawned ranks start in a session of
-    their own and once lived on for minutes; `clipcheck matrix --spawn-ranks` killed outright was found
-    with its launcher and both ranks alive 65 s later. Each process now dies with its parent twice over:
-    the kernel's parent-death signal and a thread watching the parent (`run.family.watch_parent`)."""
+    their own, so nothing else ends them: a `clipcheck matrix --spawn-ranks` killed outright would leave
+    its launcher and both ranks alive. Each process dies with its parent twice over: the kernel's
+    parent-death signal and a thread watching the parent (`run.guards.family.watch_parent`)."""
     head, expected = LAUNCHERS[launcher]
     if head and head[0] == "matrix":
         head = [*head, "--out", str(tmp_path / "m")]
@@ -147,17 +148,17 @@ def test_a_process_whose_parent_died_ends_itself_and_its_children(tmp_path):
                                                         f"{alive({watcher, child})})")
 
 
-# -- 30.12: a thread a clip leaves running ---------------------------------------------------------------------
+# -- a thread a clip leaves running fails that clip, never the next one ----------------------------------
 TWO_BOUNDS = ["--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5,2",
               "--variant", "replicated"]
 
 
 @pytest.mark.parametrize("launcher", ["clipcheck-run", "torchrun"])
 def test_a_leaked_collective_thread_fails_its_own_target_never_the_next(tmp_path, launcher):
-    """30.12: a target that left a thread all-reducing on the default group once made the next, correct
-    target fail (3 of its cases). The thread is the leaking target's fault (contract), and its world is
-    stopped after that case: `clipcheck run` resumes in fresh processes (the reference passes), plain
-    torchrun, which cannot, records the rest as not run (exit 3) rather than judge them in that world."""
+    """A thread a target leaves all-reducing on the default group is that target's fault (contract), never
+    a failure of the next, correct target, and its world is stopped after that case: `clipcheck run`
+    resumes in fresh processes (the reference passes), plain torchrun, which cannot, records the rest as
+    not run (exit 3) rather than judge them in that world."""
     args = [*TWO_BOUNDS, "--target", f"{FAULTS}:leaks_a_collective_thread,reference", "--timeout", "10"]
     run = (run_clipcheck if launcher == "clipcheck-run" else run_harness)(2, args, tmp_path, timeout=400)
     leaks = run.cases(target=f"{FAULTS}:leaks_a_collective_thread")
@@ -175,7 +176,7 @@ def test_a_leaked_collective_thread_fails_its_own_target_never_the_next(tmp_path
 
 
 def test_a_leaked_thread_restarts_a_warm_world():
-    """30.12 through harness.check (a RankPool): the pool is restarted before the next case."""
+    """A leaked thread through harness.check (a RankPool): the pool is restarted before the next case."""
     report = harness.check("tests/fault_targets.py:leaks_a_collective_thread", scenarios=["dense_dp"], worlds=[2],
                            dtypes=["fp32"], norm_types=[2], clip_ratios=[0.5, 2.0], variant="replicated",
                            timeout_s=10)
@@ -183,11 +184,11 @@ def test_a_leaked_thread_restarts_a_warm_world():
     assert all("thread(s)" in c["checks"]["contract"]["detail"] for c in report.cases)
 
 
-# -- 29.6: who raised, and who was left waiting where ---------------------------------------------------------
+# -- a rank that raised and a rank left waiting on it are both named -------------------------------------
 def test_a_rank_that_raised_and_a_rank_left_waiting_are_both_named(tmp_path):
-    """29.6: DeepSpeed 0.19.8's inf branch raises on a rank holding no gradient and the healthy ranks hang
-    in a collective; the record named only one side. Now the case names both: who raised (and what), and
-    who was left waiting, with its stack."""
+    """A rank raises while the others hang in a collective (as DeepSpeed 0.19.8's inf branch does on a rank
+    holding no gradient): the case names both sides, who raised (and what), and who was left waiting, with
+    its stack."""
     run = run_clipcheck(2, [*ONE_CASE, "--target", f"{FAULTS}:raise_on_rank1_while_rank0_waits,reference",
                             "--timeout", "3"], tmp_path, timeout=400)
     case = run.one(target=f"{FAULTS}:raise_on_rank1_while_rank0_waits")
@@ -199,7 +200,7 @@ def test_a_rank_that_raised_and_a_rank_left_waiting_are_both_named(tmp_path):
 
 
 def test_a_warm_world_names_both_sides_too():
-    """29.6 through harness.check: the pool's record names the hung rank and the one that raised."""
+    """The same through harness.check: the pool's record names the hung rank and the one that raised."""
     report = harness.check("tests/fault_targets.py:raise_on_rank1_while_rank0_waits", scenarios=["dense_dp"],
                            worlds=[2], dtypes=["fp32"], norm_types=[2], clip_ratios=[0.5], variant="replicated",
                            timeout_s=3)
@@ -209,7 +210,7 @@ def test_a_warm_world_names_both_sides_too():
 
 
 def test_interrupting_leaves_no_process_even_mid_hang(tmp_path):
-    """30.9 / 30.7: SIGTERM to a launch whose rank hangs ends every process it started."""
+    """SIGTERM to a launch whose rank hangs ends every process it started."""
     proc = start_harness(["run", "--nproc", "2", *ONE_CASE, "--target", f"{FAULTS}:sleep_forever_on_rank1",
                           "--timeout", "600"])
     watch = FamilyWatch(proc.pid)
@@ -222,8 +223,8 @@ def test_interrupting_leaves_no_process_even_mid_hang(tmp_path):
 
 
 def test_interrupting_fuzz_is_quiet_and_leaves_no_rank(tmp_path):
-    """30.9 for `clipcheck fuzz`: SIGINT ends it with 130, one line, no traceback (neither its own nor a
-    rank's), and its warm world goes with it."""
+    """SIGINT ends `clipcheck fuzz` with 130, one line, no traceback (neither its own nor a rank's), and its
+    warm world goes with it."""
     proc = start_harness(["fuzz", "--target", f"{FAULTS}:slow_reference", "--world", "2", "--examples", "5"],
                          CLIPCHECK_TEST_SLEEP="600")
     watch = FamilyWatch(proc.pid)

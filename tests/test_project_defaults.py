@@ -18,7 +18,7 @@ from harness.commands import fuzz as fuzz_command
 from harness.commands import launcher
 from harness.commands import matrix as matrix_command
 from harness.commands.options import spec_from_args
-from harness.commands.project import ProjectDefaults, find_pyproject, project_defaults
+from harness.plan.project import ProjectDefaults, find_pyproject, project_defaults
 from harness.errors import ClipcheckInputError
 from harness_runs import harness_process
 

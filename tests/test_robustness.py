@@ -220,7 +220,8 @@ def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from harness.commands.launcher import launch_config, rank_exits
+    from harness.commands.launcher import rank_exits
+    from harness.commands.rendezvous import launch_config
 
     with pytest.raises(ChildFailedError) as failed:
         elastic_launch(launch_config(2), _rank_zero_raises_outside_a_case)()
@@ -231,7 +232,7 @@ def test_a_rank_that_raises_outside_a_case_is_named_with_its_exception():
 
 
 CORRECT = "tests/correct_targets.py"
-RED_TEAM = {  # issue 29's red team: fault -> (scenario, variant, dtype) where it once passed
+RED_TEAM = {  # faults a red team (an adversarial review) got past the judge -> (scenario, variant, dtype) to fail
     "overflows_in_the_gradient_dtype": ("dense_edges", "loss-scaled", "fp16"),
     "poisons_a_finite_case": ("dense_dp", "fsdp dtensor", "fp32"),
     "scales_then_raises": ("dense_dp", "fsdp n", "fp32"),  # the NaN and inf layouts
@@ -276,9 +277,9 @@ def test_a_red_team_escape_fails_its_check_and_correct_clips_written_differently
 
 
 def test_a_raise_on_every_rank_keeps_the_groups_a_target_built_once(tmp_path):
-    """Issue 29 red team F2: after any case in which a rank raised (a documented non-finite raise included),
-    every group was destroyed and rebuilt, so a clip that builds its group once, at init, as Megatron and
-    DeepSpeed do, failed every later case. A raise on every rank leaves nobody waiting: nothing is rebuilt."""
+    """A clip that builds its group once, at init, as Megatron and DeepSpeed do, passes after a case in
+    which every rank raised (a documented non-finite raise included): nobody is left waiting, so no group is
+    destroyed and rebuilt."""
     once = f"{CORRECT}:group_built_once"
     run = run_clipcheck(2, [*ONE_CASE, "--variant", "fsdp", "--target",
                             f"{BROKEN}:raise_everywhere,{once},{CORRECT}:raise_on_nonfinite,{once}"],
@@ -290,8 +291,8 @@ def test_a_raise_on_every_rank_keeps_the_groups_a_target_built_once(tmp_path):
 
 
 def test_a_global_setting_a_target_leaves_changed_is_restored_for_the_next_target(tmp_path):
-    """Issue 29 red team E10b: a default dtype left at float64 made the next target's float32 coefficient exact,
-    so ``mutant-fp32-copy``-like slips passed at fp64 after it; the harness restores what the target changed."""
+    """A default dtype a target leaves at float64 is restored: kept, it would make the next target's float32
+    coefficient exact, and ``mutant-fp32-copy``-like slips would pass at fp64 after it."""
     run = run_clipcheck(2, [*ONE_CASE[:2], "--variant", "replicated", "--dtype", "fp64", "--norm-type", "2",
                             "--clip-ratio", "0.5", "--target",
                             f"{BROKEN}:leaves_default_dtype_fp64,{BROKEN}:coefficient_in_default_dtype"], tmp_path)
@@ -303,8 +304,8 @@ def test_a_global_setting_a_target_leaves_changed_is_restored_for_the_next_targe
 
 
 def test_a_target_cannot_rewrite_the_plan_later_targets_are_judged_on(tmp_path):
-    """Issue 29 red team E9: a target writing the true placements into ctx.declared (the variant's shared plan)
-    made a later plan-trusting target pass (xorl-style: 10 FAIL alone, 0 after it). The plan is read-only."""
+    """The declared plan is read-only: a target writing the true placements into ctx.declared (the variant's
+    shared plan) would make a later plan-trusting target (xorl-style) pass cases it fails alone."""
     args = ["--scenario", "xorl_ep_lora", "--dtype", "fp32", "--norm-type", "2", "--clip-ratio", "0.5"]
     alone = run_clipcheck(2, [*args, "--target", "xorl-style"], tmp_path)
     after = run_clipcheck(2, [*args, "--target", f"{BROKEN}:rewrites_the_plan,xorl-style"], tmp_path)
@@ -314,7 +315,7 @@ def test_a_target_cannot_rewrite_the_plan_later_targets_are_judged_on(tmp_path):
     assert rewriting and all("TypeError" in c["checks"]["raised"]["detail"] for c in rewriting)
 
 
-EDGE_LAYOUTS = {  # issue 29 red team E11: a clip wrong only on dense_edges' newer layouts -> the variant
+EDGE_LAYOUTS = {  # a clip wrong only on one of dense_edges' newer layouts -> that variant
     "assumes_plain_grads_replicated": "plain sharded weights, replicated dtensor biases",
     "counts_tied_weights_twice": "tied head, empty parameter",
     "inf_norm_without_empty_guard": "tied head, empty parameter",
@@ -343,8 +344,8 @@ def test_the_edge_layouts_fail_the_clips_wrong_only_there_and_pass_the_correct_o
 
 
 def test_a_clip_that_skips_every_other_call_fails_the_fixed_cases(tmp_path):
-    """Issue 29 red team: each target's fixed cases alternated x0.5, x2, so 'clip only on odd calls' skipped
-    exactly the cases that need no clipping and passed every one; every other bound group is now reversed."""
+    """A clip that clips only on odd calls fails the fixed cases: every other bound group is reversed (with
+    x0.5, x2 alternating, it would skip exactly the cases that need no clipping and pass every one)."""
     run = run_clipcheck(2, ["--scenario", "dense_dp", "--variant", "fsdp", "--dtype", "fp32", "--norm-type", "2,inf",
                             "--target", f"{BROKEN}:clips_on_odd_calls_only"], tmp_path)
     ratios = [c["clip_ratio"] for c in run.cases()]

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from harness.run.world.startup import share_the_cores, usable_cores
+from harness.run.world.devices import usable_cores
+from harness.run.world.startup import share_the_cores
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux only")
 

@@ -5,7 +5,7 @@ import math
 import torch
 
 from harness.cases.matrix import MatrixSpec
-from harness.cases.plan import plan_cases
+from harness.plan.planner import plan_cases
 from harness.run.case.truth_cache import TruthCache, same_bits
 
 

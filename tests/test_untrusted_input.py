@@ -1,5 +1,6 @@
 """Input from a file, a blob or a careless command line is refused in one line (exit 2) before any rank
-starts, runs no code nobody named, and is never shown raw: issue 30 items 5, 13 to 18."""
+starts, runs no code nobody named, and is never shown raw: blobs, timeouts, matrix files, labels, the
+matrix summary, worlds too large for the machine, scripts without a main guard."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from hypothesis.errors import NonInteractiveExampleWarning
 
 from harness.commands.main import main
 from harness.judge.checks import unjudged_result
-from harness.report.html import compact_summary, render_html
+from harness.report.html import render_html
+from harness.report.summary import compact_summary
 from harness.report.junit import junit_xml
 from harness.report.reporter import Reporter, case_json
-from harness.cases.blob import MAX_ELEMENTS, UsageError, case_spec, decode, encode, replay_command
+from harness.cases.blob import MAX_ELEMENTS, case_spec, decode, encode, replay_command
+from harness.errors import UsageError
 from harness.strategies import drawn_cases
 from harness_runs import harness_env, harness_process, run_cli
 
@@ -48,11 +51,12 @@ def _in(folder: Path, args: list[str], timeout: float = 240) -> subprocess.Compl
     return harness_process([sys.executable, "-m", "harness", *args], harness_env(), timeout, cwd=folder)
 
 
-# -- 30.5: a blob runs only code the user named ------------------------------------------------------------------
+# -- a blob runs only code the user named ------------------------------------------------------------------
 @pytest.mark.parametrize("target", ["evilmod:fn", "this:x"])
 def test_a_blob_cannot_import_a_module_nobody_named(tmp_path, target):
-    """30.5: a blob naming module:function once imported it in the launcher and every rank, the working
-    directory on the import path: `evilmod:fn` ran ./evilmod.py, `this:x` printed the Zen of Python."""
+    """A blob naming module:function is refused unless --target names it: imported in the launcher and every
+    rank, the working directory on the import path, `evilmod:fn` would run ./evilmod.py and `this:x` print
+    the Zen of Python."""
     (tmp_path / "evilmod.py").write_text("open('ran', 'w').write('evil')\ndef fn(model, **kw):\n    return 0.0\n")
     proc = _in(tmp_path, ["--replay", _blob(dict(_doc(), target=target))])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
@@ -72,13 +76,14 @@ def test_a_blob_target_named_on_the_command_line_runs_and_the_fuzzer_names_it(tm
     assert (tmp_path / "ran").exists()
 
 
-# -- 30.13: timeouts that cannot be one --------------------------------------------------------------------------
+# -- a timeout that cannot be one is refused in one line ---------------------------------------------------
 @pytest.mark.parametrize("command", [["run", "--nproc", "2"], ["matrix", "--nproc-list", "2"],
                                      ["fuzz", "--target", "reference", "--world", "2"]])
 @pytest.mark.parametrize("timeout", ["inf", "1e12"])
 def test_a_timeout_that_cannot_be_one_is_one_line(tmp_path, command, timeout):
-    """30.13: `--timeout inf` / `1e12` made every case of run/matrix a rank crash, and fuzz and torchrun
-    print an OverflowError traceback. One line, exit 2, before any rank (torchrun's ranks: test_cli)."""
+    """`--timeout inf` / `1e12` (past what the deadlines' types hold: a rank crash in every case of
+    run/matrix, an OverflowError traceback from fuzz and torchrun) is one line, exit 2, before any rank
+    (torchrun's ranks: test_cli)."""
     extra = {"run": ["--scenario", "dense_dp"], "fuzz": [],
              "matrix": ["--scenario", "dense_dp", "--out", str(tmp_path / "m")]}[command[0]]
     proc = run_cli([*command, *extra, "--timeout", timeout], timeout=240)
@@ -87,7 +92,7 @@ def test_a_timeout_that_cannot_be_one_is_one_line(tmp_path, command, timeout):
     assert "launch:" not in proc.stdout and "started in" not in proc.stdout
 
 
-# -- 30.14: blobs that pass the format but cannot run ------------------------------------------------------------
+# -- blobs that pass the format but cannot run are refused before any rank --------------------------------
 def _param_doc(**changes) -> dict:
     doc = _doc()
     name, shape, placements, present, trainable = doc["params"][0]
@@ -108,9 +113,9 @@ def _param_doc(**changes) -> dict:
     (lambda: dict(_doc(), target="reference\x1b[2K"), "must be printable text"),
 ])
 def test_a_blob_that_cannot_run_is_refused_before_any_rank(doc, message):
-    """30.14 and 30.16: a blob that passed the format check but could not run (a world its mesh does not
-    fit, a trainable flag of "no", 2**40 elements, shapes silently coerced from 4.5 or "4") once started
-    the ranks and was reported as a crash; a label that could forge a line of the report was printed."""
+    """A blob that passes the format check but cannot run (a world its mesh does not fit, a trainable flag
+    of "no", 2**40 elements, shapes that would be silently coerced from 4.5 or "4"), or whose label could
+    forge a line of the report, is refused before any rank starts, not reported as a crash."""
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
         decode(_blob(doc()))
 
@@ -120,11 +125,11 @@ def test_an_oversized_blob_is_one_line_from_the_command_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
 
 
-# -- 30.15: a matrix file nested too deeply ----------------------------------------------------------------------
+# -- a matrix file nested too deeply is one line ----------------------------------------------------------
 @pytest.mark.parametrize("suffix, text", [(".json", "[" * 100_000 + "]" * 100_000),
                                           (".toml", "scenarios = " + "[" * 100_000 + "]" * 100_000)])
 def test_a_deeply_nested_matrix_file_is_one_line(tmp_path, capsys, suffix, text):
-    """30.15: a deeply nested JSON matrix file ended in a RecursionError traceback."""
+    """A deeply nested JSON or TOML matrix file is one line, exit 2, not a RecursionError traceback."""
     path = tmp_path / f"m{suffix}"
     path.write_text(text)
     assert main(["--matrix", str(path)]) == 2
@@ -132,11 +137,11 @@ def test_a_deeply_nested_matrix_file_is_one_line(tmp_path, capsys, suffix, text)
     assert err.count("\n") == 1 and "nests too deeply" in err, err
 
 
-# -- 30.16: nothing from a file or a blob reaches a report raw --------------------------------------------------
+# -- nothing from a file or a blob reaches a report raw --------------------------------------------------
 def test_what_a_file_or_a_clip_says_is_escaped_in_every_report():
-    """30.16: a label with a newline and ANSI escapes was printed raw, a forged "PASS" line in green.
-    Labels, names and exception messages are escaped on the console, in JUnit (which must stay valid XML)
-    and in the HTML page."""
+    """A label with a newline and ANSI escapes cannot print a forged "PASS" line in green: labels, names
+    and exception messages are escaped on the console, in JUnit (which must stay valid XML) and in the
+    HTML page."""
     drawn = _drawn()
     case = case_spec(dataclasses.replace(drawn, variant=dataclasses.replace(drawn.variant, label=FORGED)),
                      "tests/x.py:clip\x1b[31m")
@@ -155,26 +160,25 @@ def test_what_a_file_or_a_clip_says_is_escaped_in_every_report():
     assert "\x1b" not in page and "\u202e" not in page
 
 
-# -- 30.17: the matrix summary keeps every target apart ----------------------------------------------------------
+# -- the matrix summary keeps every target apart ----------------------------------------------------------
 def test_two_targets_of_one_file_are_two_rows_of_the_summary():
-    """30.17: the summary cut target names to 28 characters, so two targets of one file were one row."""
+    """Two targets of one file are two rows of the summary: target names are never cut short."""
     cases = [{"type": "case", "target": f"tests/some/long/path/fault_targets.py:{name}", "scenario": "dense_dp",
               "verdict": verdict, "checks": {}} for name, verdict in (("clip_a", "PASS"), ("clip_b", "FAIL"))]
     rows = compact_summary(cases)[1:]
     assert len(rows) == 2 and any(":clip_a" in r for r in rows) and any(":clip_b" in r for r in rows), rows
 
 
-# -- 30.18: worlds a machine cannot hold, and scripts without a main guard ----------------------------------------
+# -- worlds a machine cannot hold, and scripts without a main guard ----------------------------------------
 def test_a_world_larger_than_the_machine_is_one_line():
-    """30.18: `run --nproc 64` started 64 ranks on 2 cores."""
+    """A world larger than the machine can run (`run --nproc 64` on a few cores) is refused in one line."""
     proc = run_cli(["run", "--nproc", "64", "--scenario", "dense_dp"], timeout=240)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "this machine runs at most" in proc.stderr
 
 
 def test_check_runs_from_a_script_without_a_main_guard(tmp_path):
-    """30.18: `harness.check` at the top level of a script (no `if __name__ == "__main__":`) had every rank
-    import the script again and die: "PoolBroken ... rank 0 died", no reason. The ranks no longer import
-    the script."""
+    """`harness.check` at the top level of a script (no `if __name__ == "__main__":`) runs: the ranks never
+    import the script (each would run it again and die, "PoolBroken ... rank 0 died", no reason given)."""
     script = tmp_path / "no_guard.py"
     script.write_text("import harness\n"
                       "report = harness.check('reference', scenarios=['dense_dp'], worlds=[2], dtypes=['fp32'],\n"

@@ -34,10 +34,11 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from harness.cases.variant import CaseSpec, Variant, parse_norm_type
 from harness.cases.injection import Injection
+from harness.cases.json_numbers import json_float
 from harness.cases.layout import Layout, LayoutError, MeshSpec, ParamSpec, Piece, Placement, Replicate, Shard
-from harness.cases.plan import UsageError
-from harness.targets.loading import is_import_path
-from harness.strategies import DrawnCase, DrawnScenario
+from harness.errors import UsageError
+from harness.cases.loading import is_import_path
+from harness.cases.drawn import DrawnCase, DrawnScenario
 
 _PREFIX = "cc1."
 MAX_WORLD = 64
@@ -90,10 +91,6 @@ def _dict(x: Any, what: str) -> dict[str, Any]:
     if not isinstance(x, dict):
         raise LayoutError(f"{what} must be an object, got {x!r}")
     return x
-
-
-def _num(x: float) -> Any:
-    return x if math.isfinite(x) else str(x)
 
 
 def variant_doc(variant: Variant) -> dict[str, Any]:
@@ -153,7 +150,7 @@ def _rank_sets(x: Any, what: str) -> tuple[tuple[str, frozenset[int]], ...]:
 
 
 def encode(drawn: DrawnCase, target: str) -> str:
-    doc = {"world": drawn.world_size, "target": target, "norm": _num(drawn.norm_type), "max_norm": drawn.max_norm,
+    doc = {"world": drawn.world_size, "target": target, "norm": json_float(drawn.norm_type), "max_norm": drawn.max_norm,
            **variant_doc(drawn.variant)}
     raw = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 9)
     return _PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")

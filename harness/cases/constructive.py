@@ -24,7 +24,8 @@ def variant_truth(variant: Variant, norm_type: float) -> float:
     """``constructive_norm`` of a variant, computed once per (variant, norm type) and kept on the
     variant (``Variant.truths``): planning needs it for every target and bound of the variant (the
     clip ratios scale it), the fuzzer to draw a bound, and rank 0 again to judge; hashing every
-    logical element each time made planning a third of a launch's CPU at world 8."""
+    logical element each time made planning a large share of a launch's CPU (docs/performance.md,
+    "Figures cited by the code")."""
     truths = variant.truths
     if norm_type not in truths:
         truths[norm_type] = constructive_norm(variant.layout, variant.injection, norm_type)

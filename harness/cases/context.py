@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable, Hashable, Mapping, TypeVar
+from typing import Callable, Hashable, Mapping, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,11 +19,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from harness.cases.variant import CaseSpec, DeclaredPlan
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate
 
-if TYPE_CHECKING:
-    from harness.run.world.dist_world import DistWorld
-
 _ATTRIBUTE = "_clipcheck_context"
 T = TypeVar("T")
+
+
+class GroupSource(Protocol):
+    """What a case's context asks of the world that runs it (``harness.run.world.dist_world.DistWorld``):
+    groups over mesh axes, the case's timeout on a framework's own meshes, and state kept per generation
+    of groups. A protocol, so that what a case is knows nothing of how it is run."""
+
+    def group_over(self, spec: MeshSpec, axes: tuple[str, ...]) -> dist.ProcessGroup: ...
+
+    def give_case_timeout(self, *meshes: DeviceMesh | None) -> None: ...
+
+    def per_generation(self, key: Hashable, build: Callable[[], T]) -> T: ...
+
+    def at_generation_end(self, release: Callable[[], None]) -> None: ...
 
 
 @dataclass
@@ -44,7 +55,7 @@ class CaseContext:
     device: torch.device
     mesh: DeviceMesh
     groups: Mapping[str, dist.ProcessGroup]
-    world: "DistWorld | None" = None
+    world: GroupSource | None = None
     extras: dict = field(default_factory=dict)  # what a target's dress() leaves for its clip call
     _declared: DeclaredPlan | None = field(default=None, init=False, repr=False)
 

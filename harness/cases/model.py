@@ -107,8 +107,8 @@ _GENERATED_KEPT = 8
 def generated_grads(layout: Layout, injection: Injection, rank: int) -> dict[str, torch.Tensor | None]:
     """This rank's generated gradients of a variant, hashed once and kept for its later cases (every
     target, norm type and bound of a variant runs on the same gradients; hashing each element again
-    was a large share of a case's CPU). Keyed by the objects, kept alive while cached: read them, never
-    write into them."""
+    was a large share of a case's CPU: docs/performance.md, "Earlier figures"). Keyed by the objects,
+    kept alive while cached: read them, never write into them."""
     key = (id(layout), id(injection), rank)
     entry = _GENERATED.get(key)
     if entry is None or entry[0] is not layout or entry[1] is not injection:

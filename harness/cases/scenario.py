@@ -16,10 +16,10 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from harness.cases.variant import Variant
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 from harness.cases.layout import LayoutError
 from harness.cases.model import build_model, inject_grads
-from harness.targets.target import Target
+from harness.cases.target import Target
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """One run per output: a second ``clipcheck run --json P`` or ``clipcheck matrix --out D`` on the same
 file or folder is refused with one line (exit 2) before any process starts.
 
-Why: two matrices on the same ``--out`` (two ``./run_matrix.sh`` in one checkout, three seconds apart)
-once read back each other's per-launch records, matched them to their own cases by index, and the
-one testing a clip that reports half the norm printed "12 passed => PASS" and exited 0; two
-``clipcheck run --json same.jsonl`` took their status from each other's records; started together,
-both died of a JSONDecodeError on each other's half-written lines. Launchers now read back only files
+Why: two matrices on the same ``--out`` (two ``./run_matrix.sh`` in one checkout) read back each
+other's per-launch records, matched them to their own cases by index, and the one testing a clip that
+reports half the norm printed "12 passed => PASS" and exited 0; two ``clipcheck run --json same.jsonl``
+took their status from each other's records; started together, both died of a JSONDecodeError on each
+other's half-written lines. Launchers now read back only files
 of their own (``launcher``: a private folder per launch), and the output a run writes for the user is
 held under an advisory lock (``flock``) for as long as the run lives; the kernel drops it when the
 process ends, however it ends.

@@ -1,12 +1,12 @@
 """Ranks forked from ``clipcheck run``'s launcher instead of started as fresh interpreters.
 
 Why: a fresh rank imports torch and the harness, plans the whole matrix again (the bounds are
-ratios of every variant's constructive norm: ~2.7 s of CPU at world 8) and imports each framework
-its cases call (up to ~5 s more), all before or during its first cases. At world 8 on 2 cores the
-eight ranks pay that eight times over: a launch of 8 trivial cases took 14.6 s, of which ~12 s was
-start-up. Forked from the launcher, which has already imported, planned and preloaded the plan's
-frameworks, a rank starts with all of it in copy-on-write memory (the same launch: 2.9 s;
-``bench/overhead_bench.py`` has the default matrix's figures).
+ratios of every variant's constructive norm) and imports each framework its cases call, all before
+or during its first cases. Where ranks outnumber the cores, they pay that many times over on the
+same cores, and a short launch is mostly start-up. Forked from the launcher, which has already
+imported, planned and preloaded the plan's frameworks, a rank starts with all of it in copy-on-write
+memory (the figures: docs/performance.md, "Where it stands", item 1, and "Figures cited by the code";
+``bench/overhead_bench.py`` measures the default matrix).
 
 torchrun's elastic agent still runs the ranks (a function entry point, ``start_method="fork"``), so
 how a rank's death, a hang or SIGTERM is handled is unchanged. What a fork would carry over from the
@@ -37,7 +37,7 @@ from typing import IO, Any, Callable, Sequence
 import torch
 
 from harness.run.guards.family import die_with_parent, end_descendants, keep_together
-from harness.cases.plan import Plan
+from harness.plan.planner import Plan
 
 
 def fork_problem(backend: str, spawn_requested: bool) -> str | None:
@@ -58,8 +58,9 @@ def _detach_inherited_sockets() -> None:
     objects that own those numbers (the agent's store, its sockets) were copied into this process
     too, and one that is freed here would close its number again; had the number been freed, it
     could by then belong to one of this rank's gloo sockets or event loops (a gloo transport abort,
-    ``loop.cc ... nfds != -1``, was seen once at world 8). Held by /dev/null, the number is never
-    reused, and the rank holds no reference to the launcher's connections for ``run.release`` to cut.
+    ``loop.cc ... nfds != -1``: docs/performance.md, "Where it stands", item 1). Held by /dev/null,
+    the number is never reused, and the rank holds no reference to the launcher's connections for
+    ``run.world.release`` to cut.
     Standard input and output stay as they are, sockets or not: they are the rank's, shared on purpose."""
     null = os.open(os.devnull, os.O_RDWR)
     try:

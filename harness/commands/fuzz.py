@@ -15,15 +15,15 @@ from typing import Sequence
 
 from harness.cases.matrix import PLAN_PROFILES
 from harness.commands.options import print_error, resolve_timeout, unwritable
-from harness.commands.project import ProjectDefaults, project_defaults
+from harness.plan.project import ProjectDefaults, project_defaults
 from harness.errors import ClipcheckInputError
-from harness.fuzz import FuzzReport, describe, fuzz, fuzz_record
+from harness.fuzz import FuzzReport, fuzz
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_FAIL, EXIT_NOTHING_JUDGED, EXIT_PASS, EXIT_USAGE, worst
 from harness.report.results_file import ResultsFile, report_problems
 from harness.run.world.devices import world_problem
 from harness.run.hosts.pool import RankPool
 from harness.run.world.dist_world import default_backend
-from harness.targets.loading import LoadError
+from harness.cases.loading import LoadError
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target
 
@@ -88,9 +88,8 @@ def main(argv: Sequence[str]) -> int:
         print_error(exc)
         return EXIT_USAGE
     status = EXIT_PASS
-    backend = args.backend or default_backend()
     records = ResultsFile(args.json) if args.json else None
-    try:
+    try:  # each report's record names the backend its world resolved (FuzzReport.backend)
         with RankPool(args.world, backend=args.backend, timeout_s=args.timeout) as pool:
             started = time.perf_counter()
             pool.start()  # apart from the examples: their rate is what a longer search gets
@@ -99,9 +98,9 @@ def main(argv: Sequence[str]) -> int:
             for t in targets:
                 report = fuzz(t, pool, args.examples, seed=args.seed, shrink=not args.no_shrink, plans=args.plans)
                 status = worst(status, target_status(report))
-                print("\n".join(describe(report)), flush=True)
+                print(report.describe(), flush=True)
                 if records is not None:  # as each target finishes: an interrupted run keeps what it found
-                    records.write(fuzz_record(report, backend))
+                    records.write(report.record())
     finally:
         if records is not None:
             records.close()

@@ -41,27 +41,25 @@ from harness.commands.forked import fork_problem, forked_rank
 from harness.commands.mirror import ResultsMirror
 from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, \
     resolve_timeout, results_files_problem, spec_from_args
-from harness.commands.project import project_defaults
+from harness.plan.project import project_defaults
 from harness.commands.rendezvous import launch_config
 from harness.errors import ClipcheckInputError
 from harness.judge.checks import unjudged_result
-from harness.judge.metamorphic import metamorphic_groups
-from harness.judge.records import CaseRecord, Record, case_records, read_records
+from harness.judge.records import CaseRecord, case_records, read_records
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, worst
-from harness.report.junit import write_junit
-from harness.report.reporter import case_json, metamorphic_json
-from harness.report.results_file import report_problems, write_records
+from harness.report.finish import finish_run
+from harness.report.reporter import case_json
 from harness.run.world.devices import world_problem
 from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.world.startup import preload_frameworks
-from harness.run.guards.watchdog import timeout_problem
+from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import default_backend
-from harness.cases.plan import Plan, plan_cases
+from harness.plan.planner import Plan, plan_cases
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-__all__ = ["main", "launch_config", "rank_exits", "RankExit"]
+__all__ = ["main", "rank_exits", "RankExit"]
 
 MAX_RESUMES = 8
 RANK_STATUSES = (1, 2, 3, 4, 5, 128 + signal.SIGINT)
@@ -103,8 +101,11 @@ class RankExit:
         return f"rank {self.rank} {how}" + (f" ({self.cause})" if self.cause else "")
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the launcher."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the launcher. Control flow, not an error: a BaseException (as
+    pytest-xdist's ``Interrupted(KeyboardInterrupt)``, outside the ``ClipcheckError`` root as
+    hypothesis's ``StopTest`` is), so an ``except Exception`` on its way (a framework import the
+    launcher preloads, the elastic agent's own handlers) cannot swallow it and let the run go on."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -328,19 +329,6 @@ class Launches:
         return [self.records[c.index] for c in self.plan.cases if c.index in self.records]
 
 
-def write_results(records: list[CaseRecord], backend: str, jsonl: str | None, junit: str | None,
-                  problems: list[str | None]) -> int:
-    """The final files (every planned case, the metamorphic groups, the summary); the exit status,
-    EXIT_OUTPUT if a file could not be written (one line each on stderr)."""
-    groups = [metamorphic_json(g, backend) for g in metamorphic_groups(records)]
-    counts = count([*records, *groups])
-    everything: list[Record] = [*records, *groups, counts.as_record()]
-    if jsonl is not None and not any(problems):
-        problems = [*problems, write_records(jsonl, everything)]
-    if junit:
-        problems = [*problems, write_junit(junit, everything)]
-    return report_problems(problems, counts.status, sys.stderr)
-
 
 def _usage_problem(args: argparse.Namespace, backend: str) -> str | None:
     if args.nproc < 1:
@@ -397,13 +385,16 @@ def _run(plan: Plan, spec: dict[str, Any], args: argparse.Namespace, backend: st
         launches.interrupted = exc.signum
         status = 0
     finally:
-        problems = [mirror.close() if mirror is not None else None]
+        copied = mirror.close() if mirror is not None else None  # why the copy to --json failed, or None
     if status == EXIT_USAGE:
         return status
     if launches.interrupted is not None:
         launches.record_interruption()
     ordered = launches.ordered()
-    status = worst(status, write_results(ordered, backend, args.json, args.junit, problems))
+    # the final files: every planned case, the metamorphic groups, the summary; a --json whose copy
+    # failed is left as the failure left it
+    done = finish_run([(ordered, backend)], None if copied else args.json, args.junit, problems=[copied])
+    status = worst(status, done.exit_status())
     if launches.interrupted is not None:
         print(f"clipcheck run: interrupted by {signal.Signals(launches.interrupted).name}; results written for "
               f"every planned case: {count(ordered).line()}", flush=True)

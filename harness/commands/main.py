@@ -101,8 +101,8 @@ def leave(status: int | None) -> NoReturn:
 
     When a command returns, every result file is written and closed; what the interpreter's shutdown
     would still do is walk every object torch and the frameworks created (modules, op registrations,
-    caches): 1.3-1.5 s of CPU per process with the frameworks imported, measured here, paid by the
-    launcher and by each rank of a ``torchrun -m harness`` launch. Frozen objects are left out of those
+    caches), paid by the launcher and by each rank of a ``torchrun -m harness`` launch (its cost:
+    docs/performance.md, "Where it stands", item 7). Frozen objects are left out of those
     collections; atexit handlers still run, and the operating system takes the memory back. So every
     file a command writes must be closed (or flushed) before it returns: a writer left open in a
     reference cycle would lose its buffer here."""

@@ -35,22 +35,21 @@ from harness.commands.forked import ForkedProcess, fork_problem
 from harness.commands.launcher import main as launcher_main
 from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, resolve_timeout, \
     spec_from_args
-from harness.commands.project import ProjectDefaults, project_defaults
+from harness.plan.project import ProjectDefaults, project_defaults
 from harness.cases.matrix import MatrixSpec
 from harness.run.world.devices import cuda_device_count, world_skip_reason
 from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.world.startup import preload_frameworks
 from harness.errors import ClipcheckInputError
-from harness.report.junit import write_junit
-from harness.report.html import compact_summary, write_html
-from harness.report.results_file import report_problems, write_records
+from harness.report.finish import finish_run
+from harness.report.numbers import format_ratio
 from harness.report.safe_text import one_line
-from harness.judge.metamorphic import metamorphic_groups
-from harness.cases.plan import Plan, UsageError, plan_cases
-from harness.judge.records import CaseRecord, MetamorphicRecord, Record, case_records, read_records
-from harness.report.reporter import case_json, metamorphic_json
-from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, \
-    worst
+from harness.report.summary import compact_summary
+from harness.errors import UsageError
+from harness.plan.planner import Plan, plan_cases
+from harness.judge.records import CaseRecord, MetamorphicRecord, case_records, read_records
+from harness.report.reporter import case_json
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged
 from harness.run.world.dist_world import default_backend
 
 DEFAULT_MATRIX = "default_matrix.toml"
@@ -284,29 +283,16 @@ def _run_all(args: argparse.Namespace, out: Path, launches: list[Launch], skippe
 def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
     """One results.jsonl, junit.xml and report.html over every launch that ran; the exit status."""
     ran = [launch for launch in launches if launch.returncode is not None]
-    cases = [r for launch in ran for r in launch.records]
-    groups = [metamorphic_json(g, launch.backend) for launch in ran for g in metamorphic_groups(launch.records)]
-    counts = count([*cases, *groups])
-    everything: list[Record] = [*cases, *groups, counts.as_record()]
-    problems = [write_records(str(out / "results.jsonl"), everything), write_junit(str(out / "junit.xml"), everything)]
-    try:
-        report = str(write_html(everything, out / "report.html"))
-    except OSError as exc:
-        report = f"not written ({exc.strerror or exc})"
-        problems.append(f"cannot write {out / 'report.html'}: {exc.strerror or exc}")
-    print("\n" + "\n".join(compact_summary(everything)))
-    print_merged(cases, groups, ran, verbose)
+    done = finish_run([(launch.records, launch.backend) for launch in ran], str(out / "results.jsonl"),
+                      str(out / "junit.xml"), html=out / "report.html")
+    print("\n" + "\n".join(compact_summary(done.records)))
+    print_merged([r for launch in ran for r in launch.records], done.groups, ran, verbose)
     crashed = [launch for launch in ran if launch.crashed]
     unwritten = [launch for launch in ran if launch.returncode == EXIT_OUTPUT]
-    print(f"\nmatrix: {len(ran)} launches, {counts.line()}; {len(crashed)} launches crashed")
+    print(f"\nmatrix: {len(ran)} launches, {done.counts.line()}; {len(crashed)} launches crashed")
     print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
-    print(f"report: {report}", flush=True)
-    status = worst(counts.status, EXIT_BROKEN if crashed else 0, EXIT_OUTPUT if unwritten else 0)
-    return report_problems(problems, status, sys.stderr)
-
-
-def _ratio(r: CaseRecord) -> str:
-    return "-" if r["ratio"] is None else r["ratio"] if isinstance(r["ratio"], str) else f"{r['ratio']:.6f}"
+    print(f"report: {done.page}", flush=True)
+    return done.exit_status(EXIT_BROKEN if crashed else 0, EXIT_OUTPUT if unwritten else 0)
 
 
 def print_merged(cases: list[CaseRecord], groups: list[MetamorphicRecord], ran: list[Launch],
@@ -316,7 +302,8 @@ def print_merged(cases: list[CaseRecord], groups: list[MetamorphicRecord], ran: 
               f"{'ratio':<10}verdict")
         for r in cases:
             print(f"{r['world_size']:<6}{r['backend']:<8}{one_line(r['scenario']):<17}{one_line(r['layout']):<52}"
-                  f"{one_line(r['target']):<28}{r['norm']:<6}{r['dtype']:<6}{_ratio(r):<10}{r['verdict']}")
+                  f"{one_line(r['target']):<28}{r['norm']:<6}{r['dtype']:<6}{format_ratio(r['ratio']):<10}"
+                  f"{r['verdict']}")
     # every failure with --verbose; without it only what was not judged (the summary counts the rest)
     failed = [r for r in cases if r["verdict"] == "ERROR" or (verbose and r["verdict"] == "FAIL")]
     if failed:

@@ -10,9 +10,9 @@ from pathlib import Path
 from harness.report.safe_text import one_line
 from harness.judge.blame import BLAME_MODES
 from harness.cases.matrix import MatrixSpec, add_axis_flags, flag_overrides, load_matrix_values
-from harness.commands.project import ProjectDefaults
+from harness.plan.project import ProjectDefaults
 from harness.errors import ClipcheckInputError
-from harness.run.guards.watchdog import timeout_problem
+from harness.plan.project import timeout_problem
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -12,8 +12,9 @@ from harness.run.world.devices import world_problem
 from harness.run.world.dist_world import default_backend
 from harness.cases.blob import case_spec, decode_trusted
 from harness.cases.variant import CaseSpec
-from harness.cases.plan import Plan, UsageError
-from harness.strategies import DrawnScenario
+from harness.errors import UsageError
+from harness.plan.planner import Plan
+from harness.cases.drawn import DrawnScenario
 from harness.targets.registry import registered_targets
 from harness.targets.target import resolve_target
 

@@ -27,13 +27,13 @@ from typing import Sequence
 
 from harness.run.world.startup import settle_startup, share_the_cores
 from harness.run.world.devices import world_problem
-from harness.run.guards.watchdog import timeout_problem
+from harness.plan.project import timeout_problem
 from harness.errors import ClipcheckInputError
 from harness.run.hosts.launch import Executor
 from harness.commands.options import DEFAULT_TIMEOUT_S, add_selection_options, print_error, quiet_torch_warnings, \
     resolve_timeout, results_files_problem, spec_from_args
-from harness.commands.project import project_defaults
-from harness.cases.plan import Plan, plan_cases
+from harness.plan.project import project_defaults
+from harness.plan.planner import Plan, plan_cases
 from harness.report.progress import Progress
 from harness.targets.registry import builtin_scenarios, registered_targets
 from harness.report.reporter import Reporter

@@ -32,8 +32,8 @@ from harness.judge.records import CaseRecord, case_records, read_records
 from harness.judge.verdicts import count
 from harness.report.compat import filed_findings, finding_record, registered_findings
 from harness.targets.builtin_scenarios import scenarios_package
-from harness.targets.frameworks import Framework
-from harness.targets.target import Target
+from harness.cases.frameworks import Framework
+from harness.cases.target import Target
 
 COMPLETE = ".clipcheck-sweep-complete"
 

@@ -32,8 +32,9 @@ from harness.cases.variant import CaseSpec
 from harness.clipmath import clip_coefficient
 from harness.cases.layout import MeshSpec, Replicate, Shard
 from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
-from harness.judge.records import CaseResult, Check, Replication, StatsTable, Verdict
-from harness.judge.signatures import Evidence, explain, holds_on
+from harness.judge.records import (CaseResult, Check, Evidence, RankLocalKey, RankRecord, Replication, StatsTable,
+                                   Verdict)
+from harness.judge.signatures import explain, holds_on
 from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, norm_rtol, uniformity_bound
 
 
@@ -155,7 +156,7 @@ class Judgement:
     stats: StatsTable
     pre: Replication
     post: Replication
-    records: Sequence[Mapping[str, Any]]
+    records: Sequence[RankRecord]
 
     @property
     def mesh(self) -> MeshSpec:
@@ -217,12 +218,12 @@ Outcome = tuple[bool, str] | None
 @dataclass(frozen=True)
 class CheckSpec:
     """One check: its name in reports, the function of the case that judges it, and the rank-local
-    measurements it reads (keys of each record's ``local``, produced by ``harness.run.case.effects`` and
-    the runner). ``tests/test_judging.py`` holds a positive control per name and verifies ``reads``."""
+    measurements it reads (keys of ``RankLocal``, each record's ``local``, built by
+    ``harness.run.case.effects.CallEffects.record``). ``tests/test_judging.py`` holds a positive control per name and verifies ``reads``."""
 
     name: str
     judge: Callable[[Judgement], Outcome]
-    reads: tuple[str, ...] = ()
+    reads: tuple[RankLocalKey, ...] = ()
 
     def __call__(self, j: Judgement) -> Check | None:
         outcome = self.judge(j)
@@ -386,12 +387,12 @@ def judge_coefficient(j: Judgement) -> Outcome:
     for r, rec in enumerate(j.records):
         for name, (c, residual, elements) in rec["local"]["scale"].items():
             off = abs(c - expected) / expected
-            ctol = coefficient_rtol(j.dtype, elements, j.elements)
-            uniform = residual <= uniformity_bound(j.dtype, elements)
+            ctol = coefficient_rtol(j.dtype, int(elements), j.elements)
+            uniform = residual <= uniformity_bound(j.dtype, int(elements))
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
                 why = (f"relative error {_fmt_rel(off)} > tolerance {ctol:.2g}" if off > ctol else
-                       f"residual {residual:.2g} > bound {uniformity_bound(j.dtype, elements):.2g}")
+                       f"residual {residual:.2g} > bound {uniformity_bound(j.dtype, int(elements)):.2g}")
                 worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g} ({why})")
     return worst is None, "" if worst is None else worst[1]
 
@@ -532,7 +533,7 @@ def surviving_signature(result: CaseResult, others: Sequence[CaseResult]) -> lis
     return kept
 
 
-def _median_coefficient(records: Sequence[Mapping[str, Any]]) -> float | None:
+def _median_coefficient(records: Sequence[RankRecord]) -> float | None:
     values = sorted(entry[0] for rec in records for entry in rec["local"]["scale"].values())
     return values[len(values) // 2] if values else None
 
@@ -544,7 +545,7 @@ def evaluate(
     stats: StatsTable,
     pre: Replication,
     post: Replication,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[RankRecord],
 ) -> CaseResult:
     """Judge one case from every rank's record: run every check, explain a wrong norm."""
     j = Judgement(case, truth, measured, stats, pre, post, records)

@@ -11,16 +11,78 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Sequence, TypeAlias, TypedDict, cast
+from typing import Any, Iterable, Literal, Mapping, NotRequired, Sequence, TypeAlias, TypedDict, cast
 
 from harness.clipmath import combine, root
 from harness.cases.variant import CaseSpec
 from harness.cases.layout import MeshSpec
+from harness.cases.target import FindingRecord
 
 JsonNumber: TypeAlias = "float | int | str | None"
 """A number as written: finite floats as themselves, non-finite ones as "nan"/"inf"/"-inf"."""
 
 Verdict: TypeAlias = Literal["PASS", "FAIL", "ERROR", "SKIP"]
+
+
+class Coefficients(TypedDict):
+    """The factor each gradient was scaled by, as a rank measured it (``effects.applied_coefficients``,
+    or the audit's paths with and without a copy)."""
+
+    scale: dict[str, list[float]]
+    """By parameter: [least-squares factor, largest residual relative to the gradient, elements]."""
+    vanished: list[str]
+    """Gradients that were there before the call and are gone after it."""
+    became_nonfinite: list[str]
+    """Gradients finite before the call and not after it."""
+
+
+class RankLocal(Coefficients):
+    """What one rank measured about the call, as the checks read it (each ``CheckSpec.reads`` names keys
+    of this type). Built in one place, ``harness.run.case.effects.CallEffects.record``, for the runner,
+    the audit and the judge's unit tests alike."""
+
+    mangled: dict[str, str]
+    """Gradients whose wrapper, shape, dtype, layout or device changed, with why."""
+    replaced: list[str]
+    """Gradients now in other storage (not scaled in place)."""
+    created: list[str]
+    """Gradients where there were none before the call."""
+    params_changed: list[str]
+    """Parameters whose values or ``requires_grad`` flags changed."""
+    late: list[str]
+    """Changes that came after the call had returned (threads it started)."""
+    stale_truth: bool
+    """The truth measured for an earlier case was reused on gradients that differ from it (a harness error)."""
+    undelivered: list[str]
+    """What a framework's gradient path failed to deliver as the layout says."""
+    policies: NotRequired[list[str] | None]
+    """Only in a case with a non-finite gradient: the non-finite policies this rank is consistent with
+    (None when it holds no gradient)."""
+    post_replicas: NotRequired[Any]
+    """The runner's part of the post-call replication round (rank 0 merges them)."""
+    implied: NotRequired[bool]
+    """The audit only: the norm was implied by the coefficient applied (the clip returned nothing)."""
+
+
+RankLocalKey: TypeAlias = Literal["scale", "vanished", "became_nonfinite", "mangled", "replaced", "created",
+                                  "params_changed", "late", "stale_truth", "undelivered", "policies",
+                                  "post_replicas", "implied"]
+"""The keys of ``RankLocal``, as a type: a check's ``reads`` is checked against them (``tests/test_judging.py``
+keeps the two lists the same)."""
+
+
+class RankRecord(TypedDict):
+    """One rank's record of a case, gathered by rank 0 and judged (``checks.evaluate``)."""
+
+    reported: float | None
+    error: str | None
+    fault: str | None
+    seconds: float
+    local: RankLocal
+    precision: NotRequired[str | None]
+    """The precision of what the target returned ("fp32", ...), where the runner saw it."""
+    post: NotRequired[dict[str, str | None]]
+    """The audit only: each gradient's digest after the call (or "kept"), for the blame's put-back."""
 
 
 class CheckRecord(TypedDict):
@@ -36,19 +98,6 @@ class BlameRecord(TypedDict):
     weight: JsonNumber
     note: str
     line: str
-
-
-class FindingRecord(TypedDict):
-    """What a real framework's FAIL is (``harness.targets.target.Finding``), and who reaches it."""
-
-    upstream: str | None
-    note: str
-    reach: Literal["stock", "direct-call", "synthetic"]
-    how: str
-    owner: str | None
-    repro: str | None
-    text: str
-    """The one line the reports show: the upstream report or 'new finding', the mechanism."""
 
 
 class CaseRecord(TypedDict):

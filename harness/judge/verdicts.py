@@ -48,7 +48,10 @@ EXIT_STATUSES = {
 
 
 def is_unjudged(record: Mapping[str, Any]) -> bool:
-    return record.get("verdict") == "ERROR" and any(name in UNJUDGED_CHECKS for name in record.get("checks", {}))
+    """An ERROR record whose target was never judged (a crash, a hang, a case not run); a results file
+    is read back from disk, so a missing or null ``checks`` is a record without checks, not a crash."""
+    checks = record.get("checks")
+    return record.get("verdict") == "ERROR" and isinstance(checks, Mapping) and any(n in UNJUDGED_CHECKS for n in checks)
 
 
 @dataclass

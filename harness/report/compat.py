@@ -15,8 +15,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from harness.judge.records import CaseRecord, FindingRecord, Record, case_records
-from harness.targets.target import Finding, finding_for, synthetic
+from harness.judge.records import CaseRecord, Record, case_records
+from harness.report.numbers import NONE, format_ratio
+from harness.cases.target import FindingRecord
+from harness.cases.target import Finding, finding_for, synthetic
 
 UNEXPLAINED = "unexplained: no recorded finding matches (look at it, then report it or record it)"
 
@@ -41,13 +43,13 @@ def finding_record(rec: CaseRecord, findings: dict[str, tuple[Finding, ...]]) ->
 
 
 def _ratio(rec: CaseRecord) -> str:
+    """The row's ratio; "raised" where the clip raised instead of reporting one."""
     if rec["verdict"] == "SKIP":
-        return "-"
-    r = rec["ratio"]
-    if r is None:
+        return NONE
+    if rec["ratio"] is None:
         failed = [n for n, c in rec["checks"].items() if not c["passed"]]
-        return "raised" if "raised" in failed else "-"
-    return r if isinstance(r, str) else f"{r:.6f}"
+        return "raised" if "raised" in failed else NONE
+    return format_ratio(rec["ratio"])
 
 
 def _reach(rec: CaseRecord, finding: FindingRecord | None) -> str:

@@ -5,45 +5,28 @@ then, for a failing case, one indented line per failed check and the matching si
 declared-vs-measured placements are printed once per layout variant.
 
 File (``--json PATH``): JSON Lines, one object per case written and flushed as soon as the case is
-judged, so a crash loses nothing already measured; metamorphic groups and a summary close the file.
-Non-finite numbers are written as the strings "nan", "inf", "-inf" to keep every line valid JSON.
+judged, so a crash loses nothing already measured; metamorphic groups and a summary close the file
+(``finish``). Non-finite numbers are written as the strings "nan", "inf", "-inf" to keep every line
+valid JSON (``harness.cases.json_numbers``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import sys
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Iterable, Mapping
 
+from harness.cases.json_numbers import json_float
 from harness.cases.variant import CaseSpec, bound_label
 from harness.judge.blame import blame_lines, blame_summary, blame_tolerance, weight_line
-from harness.judge.checks import CaseResult
+from harness.judge.records import CaseResult
 from harness.judge.tolerance import NORM_RTOL
 from harness.report.failures import metamorphic_spread
-from harness.report.junit import write_junit
-from harness.report.results_file import ResultsFile, report_problems
+from harness.report.finish import finish_run
+from harness.report.numbers import format_ratio
+from harness.report.results_file import ResultsFile
 from harness.report.safe_text import lines, one_line
-from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
 from harness.judge.records import CaseRecord, InFlightRecord, MetamorphicRecord, Record
-from harness.judge.verdicts import count
-from harness.targets.target import Finding, Target, finding_for, synthetic
-
-
-def _num(x: float | None) -> Any:
-    if x is None:
-        return None
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
-def _fmt(x: float | None, width: int = 12) -> str:
-    if x is None:
-        return "-".ljust(width)
-    return f"{x:.6f}".ljust(width) if math.isfinite(x) else str(x).ljust(width)
+from harness.cases.target import Finding, Target, finding_for, synthetic
 
 
 def finding_of(result: CaseResult, target: Target | None) -> Finding | None:
@@ -68,7 +51,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "layout": case.variant.label,
         "mesh": dict(case.layout.mesh.axes),
         "target": case.target,
-        "norm_type": _num(case.norm_type),
+        "norm_type": json_float(case.norm_type),
         "norm": case.norm_label,
         "dtype": case.injection.dtype,
         "max_norm": case.max_norm,
@@ -77,12 +60,12 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "world_size": world_size,
         "backend": backend,
         "verdict": result.verdict,
-        "true_norm": _num(result.truth),
-        "measured_true_norm": _num(result.measured_truth),
-        "reported": [_num(v) for v in result.reported],
-        "ratio": _num(result.ratio),
+        "true_norm": json_float(result.truth),
+        "measured_true_norm": json_float(result.measured_truth),
+        "reported": [json_float(v) for v in result.reported],
+        "ratio": json_float(result.ratio),
         "tolerance": result.tolerance or NORM_RTOL[case.injection.dtype],
-        "coefficient": _num(result.coefficient),
+        "coefficient": json_float(result.coefficient),
         "checks": {c.name: {"passed": c.passed, "detail": c.detail} for c in result.checks},
         "signature": result.signature,
         "errors": result.errors,
@@ -91,7 +74,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
         "invariance_key": case.variant.invariance_key,
         "skip_reason": case.skip,
         "seconds": result.seconds,
-        "blame": [{"group": g.group, "params": g.params, "weight": _num(g.weight), "note": g.note,
+        "blame": [{"group": g.group, "params": g.params, "weight": json_float(g.weight), "note": g.note,
                    "line": weight_line(g, blame_tolerance(result.tolerance))} for g in result.blame],
         "blame_note": result.blame_note,
         "blame_rank": result.blame_rank,
@@ -114,24 +97,6 @@ def finding_lines(record: CaseRecord) -> list[str]:
     if record.get("synthetic"):
         return [f"synthetic layout (no known path reaches it: {record['synthetic']})"]
     return ["finding: unexplained (no recorded finding matches this layout)"] if record.get("framework") else []
-
-
-def metamorphic_json(group: MetamorphicResult, backend: str) -> MetamorphicRecord:
-    return {
-        "type": "metamorphic",
-        "world_size": group.world_size,
-        "backend": backend,
-        "scenario": group.scenario,
-        "target": group.target,
-        "norm": group.norm_label,
-        "dtype": group.dtype,
-        "invariance_key": group.key,
-        "bound": group.bound,
-        "coefficients": group.coefficients,
-        "norms": group.norms,
-        "gap": group.gap,
-        "passed": group.passed,
-    }
 
 
 class Reporter:
@@ -192,7 +157,8 @@ class Reporter:
         self._print(
             f"{one_line(case.scenario):<17} {label:<52} {one_line(case.target):<25} {case.norm_label:<5} "
             f"{case.injection.dtype:<5} "
-            f"{bound_label(case.clip_ratio, case.max_norm):<7} {_fmt(reported)} {_fmt(result.truth)} {_fmt(result.ratio, 10)} {result.verdict}"
+            f"{bound_label(case.clip_ratio, case.max_norm):<7} {format_ratio(reported):<12} "
+            f"{format_ratio(result.truth):<12} {format_ratio(result.ratio):<10} {result.verdict}"
         )
         for check in result.failed:
             self._print(f"    {check.name}: {check.detail}".replace("\n", "\n      "))
@@ -212,32 +178,31 @@ class Reporter:
             self._print(f"      {line}")
         self._write_json(record)
 
-    def metamorphic(self, groups: list[MetamorphicResult]) -> None:
+    def metamorphic(self, groups: list[MetamorphicRecord]) -> None:
         if not groups:
             return
         self._print("metamorphic (same unique gradients, different layouts => same coefficient):")
         for g in groups:
-            low = min(g.coefficients, key=g.coefficients.__getitem__)
-            high = max(g.coefficients, key=g.coefficients.__getitem__)
-            record = metamorphic_json(g, self.backend)
+            coefficients, gap = g["coefficients"], g["gap"]
+            low = min(coefficients, key=coefficients.__getitem__)
+            high = max(coefficients, key=coefficients.__getitem__)
             self._print(
-                f"  {g.scenario} {g.target} {g.norm_label} {g.dtype} {g.bound} over {len(g.coefficients)} layouts: "
-                f"{metamorphic_spread(record) if not g.passed else f'coefficient gap {g.gap:.7f}'} "
-                f"{'PASS' if g.passed else 'FAIL'}"
-                + ("" if g.gap == 0 else f"  [{low}: {g.coefficients[low]:.6f} .. {high}: {g.coefficients[high]:.6f}]")
+                f"  {g['scenario']} {g['target']} {g['norm']} {g['dtype']} {g['bound']} over {len(coefficients)} "
+                f"layouts: {metamorphic_spread(g) if not g['passed'] else f'coefficient gap {gap:.7f}'} "
+                f"{'PASS' if g['passed'] else 'FAIL'}"
+                + ("" if gap == 0 else f"  [{low}: {coefficients[low]:.6f} .. {high}: {coefficients[high]:.6f}]")
             )
-            self._write_json(record)
 
     def finish(self, results: list[CaseResult] | None = None) -> int:
-        """Metamorphic groups over the judged cases, the summary line and record, JUnit; the exit
-        status. (``results`` is accepted for callers that hold them; the records are what count.)"""
-        self.metamorphic(metamorphic_groups(self.records))
-        counts = count(self.records)
-        self._print(f"summary: {counts.line()}")
-        self._write_json(counts.as_record())
-        junit_problem = write_junit(self.junit_path, self.records) if self.junit_path else None
-        json_problem = self.close()
-        return report_problems([json_problem, junit_problem], counts.status, sys.stderr)
+        """The run's end (``finish.finish_run``): metamorphic groups over the judged cases, the summary,
+        the JSON Lines file closed, JUnit; their lines printed; the exit status. (``results`` is
+        accepted for callers that hold them; the records are what count.)"""
+        done = finish_run([(self.records, self.backend)], self.json, self.junit_path)
+        self.json = None
+        self.records += [*done.groups, done.summary]
+        self.metamorphic(done.groups)
+        self._print(f"summary: {done.counts.line()}")
+        return done.exit_status()
 
     def close(self) -> str | None:
         """Close the JSON Lines file; why it could not all be written, or None."""

@@ -1,8 +1,8 @@
 """Results files that fail in one line, not in a traceback.
 
-A full disk, a quota or an I/O error while a run writes ``--json`` / ``--junit`` once raised an
-OSError out of rank 0's report: the run died with a traceback, the launcher took the passing case in
-flight for a crash and relaunched it, and the file stayed empty. Here a failed write is remembered,
+A full disk, a quota or an I/O error while a run writes ``--json`` / ``--junit`` raises an OSError in
+rank 0's report; let out, the run dies with a traceback, the launcher takes the passing case in flight
+for a crash and relaunches it, and the file stays empty. Here a failed write is remembered,
 the file is given up (nothing half-written after it), and the run goes on printing every verdict on
 the console; at the end the command prints ``problem()`` as one line and exits with
 ``EXIT_OUTPUT`` (5).

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from harness.targets.builtin_scenarios import scenarios_package
-from harness.targets.loading import LoadError, is_import_path, load_object
+from harness.cases.loading import LoadError, is_import_path, load_object
 from harness.cases.scenario import Scenario
-from harness.targets.target import BUILTIN_TARGETS, Target
+from harness.cases.target import Target
+from harness.targets.target import BUILTIN_TARGETS
 
 
 def builtin_scenarios() -> dict[str, Scenario]:

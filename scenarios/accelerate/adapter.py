@@ -59,7 +59,8 @@ from harness.cases.variant import Variant
 from harness.cases.context import CaseContext, context
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import install_linear_forwards, reduced_to
-from harness.targets.target import Finding, Target, stock, torch_max_drops_nan
+from harness.cases.target import Finding, Target, stock
+from harness.targets.target import torch_max_drops_nan
 
 from .framework import FRAMEWORK as ACCELERATE
 from .scenario import COLWISE, LOCAL, LOCAL_ROWWISE, REPLICATE, ROWWISE, AccelerateSetup

@@ -10,7 +10,7 @@ it runs and is exact). Its import needs the hub client and ``regex``/``requests`
 """
 
 from ..huggingface import HF_STACK
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 _RECIPE = (
     "pip install --no-deps accelerate==1.15.0",

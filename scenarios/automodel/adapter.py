@@ -68,7 +68,7 @@ from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, context
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
-from harness.targets.target import Finding, Target, stock, synthetic
+from harness.cases.target import Finding, Target, stock, synthetic
 
 from .stand_ins import cpu_stand_ins, deepep_usable, ensure_imported
 from .framework import FRAMEWORK as AUTOMODEL

@@ -8,7 +8,7 @@ Nothing here is used beyond importing: no model is downloaded or built by transf
 """
 
 from ..huggingface import HF_STACK
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 _DEPS = ("pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0 " + HF_STACK)
 

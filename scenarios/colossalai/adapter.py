@@ -66,7 +66,7 @@ import torch.nn as nn
 from harness.run.world.devices import accelerator_for
 from harness.cases.context import CaseContext, context
 from harness.targets.gradient_path import install_linear_forwards
-from harness.targets.target import Finding, Target, stock, synthetic
+from harness.cases.target import Finding, Target, stock, synthetic
 
 from .framework import FRAMEWORK as COLOSSALAI
 from .scenario import EXPERT_PREFIX, ColossalAISetup

@@ -5,7 +5,7 @@ imports transformers (and transformers checks its own dependency versions at imp
 ``colossalai.nn.optimizer`` imports galore_torch and bitsandbytes; the rest are what those need."""
 
 from ..huggingface import HF_STACK
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 _DEPS = "einops==0.8.2 peft==0.13.2 accelerate==1.15.0 galore_torch==1.0 bitsandbytes==0.50.2 " + HF_STACK
 

@@ -47,7 +47,7 @@ from harness.cases.variant import Variant
 from harness.cases.context import CaseContext, context
 from harness.run.world.devices import accelerator_for
 from harness.targets.gradient_path import install_linear_forwards
-from harness.targets.target import Finding, Target, direct_call, stock, synthetic
+from harness.cases.target import Finding, Target, direct_call, stock, synthetic
 from .framework import FRAMEWORK as DEEPSPEED
 from .scenario import NUM_EXPERTS, WIDTH, expert_name
 

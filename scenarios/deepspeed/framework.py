@@ -1,6 +1,6 @@
 """DeepSpeed (pinned CPU build: its ops not built, its sdist built against the installed torch)."""
 
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 
 RELEASES = ("0.14.5", "0.15.4", "0.16.9", "0.17.6", "0.18.9", "0.19.8")

@@ -45,7 +45,7 @@ from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, param
 from harness.targets.mutants import local_root_mean
 from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
-from harness.targets.target import Target
+from harness.cases.target import Target
 
 NUM_EXPERTS, WIDTH = 4, 16
 

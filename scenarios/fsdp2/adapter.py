@@ -25,7 +25,8 @@ from harness.cases.axes import MeshAxis
 from harness.cases.context import CaseContext
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
-from harness.targets.target import Finding, Target, direct_call, torch_max_drops_nan
+from harness.cases.target import Finding, Target, direct_call
+from harness.targets.target import torch_max_drops_nan
 
 from .scenario import CASE, WORLD, FsdpWrapping
 

@@ -58,7 +58,7 @@ from torch.overrides import TorchFunctionMode
 from harness.run.world.devices import accelerator_for
 from harness.cases.axes import MeshAxis
 from harness.cases.context import CaseContext, context
-from harness.targets.target import Finding, Target, stock
+from harness.cases.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as MEGATRON
 from .scenario import PREFIX, MegatronExperts

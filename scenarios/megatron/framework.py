@@ -1,6 +1,6 @@
 """megatron-core (pinned, without its training-stack dependencies)."""
 
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 
 RELEASES = ("0.16.1", "0.19.2")

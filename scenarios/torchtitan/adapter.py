@@ -55,7 +55,7 @@ from harness.cases.context import CaseContext, context
 from harness.cases.layout import MeshSpec, Shard
 from harness.cases.model import parameter_values, torch_placements
 from harness.targets.gradient_path import backward_linear, reduced_to
-from harness.targets.target import Finding, Target, direct_call, synthetic
+from harness.cases.target import Finding, Target, direct_call, synthetic
 
 from .framework import FRAMEWORK as TORCHTITAN
 from .scenario import LIES, NUM_EXPERTS, SPARSE, DTensorMeshes

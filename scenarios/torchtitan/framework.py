@@ -1,6 +1,6 @@
 """torchtitan (pinned, without its training-stack dependencies, which the adapter does not use)."""
 
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 
 RELEASES = ("0.3.0",)

@@ -55,7 +55,7 @@ from harness.cases.axes import MeshAxis
 from harness.cases.context import CaseContext
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import backward_linear, reduced_to
-from harness.targets.target import Finding, Target, stock
+from harness.cases.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as TORCHTUNE
 from .scenario import EMBED, HEADS, HIDDEN, KV_HEADS, LAYERS, VOCAB, TorchtuneParallel

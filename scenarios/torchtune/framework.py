@@ -11,7 +11,7 @@ same wheel (the top-level ``recipes`` package), which is how the adapter can be 
 """
 
 from ..huggingface import HF_STACK
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 _TORCHTUNE = "pip install --no-deps torchtune==0.6.1"
 _IMPORT_DEPS = (

@@ -63,7 +63,8 @@ from harness.cases.context import CaseContext
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
-from harness.targets.target import Finding, Target, synthetic, torch_max_drops_nan
+from harness.cases.target import Finding, Target, synthetic
+from harness.targets.target import torch_max_drops_nan
 
 from .framework import FRAMEWORK as VEOMNI
 from .scenario import BASE, EXPERTS, HIDDEN, INTERMEDIATE, LORA_RANK, NUM_EXPERTS, Q_OUT, VeomniSetup

@@ -14,7 +14,7 @@ needs transformers <= 5.22.x: the shared ``HF_STACK`` pin (5.18.0) satisfies it,
 to 5.23 or later this recipe must pin its own transformers (5.22.2 at most) instead of ``HF_STACK``'s."""
 
 from ..huggingface import HF_STACK
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 _DEPS = HF_STACK
 

@@ -21,7 +21,8 @@ Layouts (every one at HSDP ``dp_replicate=2`` too, where the world allows a shar
   training path reaches this; it runs only with ``--synthetic`` (gradients written into ``.grad`` after
   the setup, the hook never runs), a regression layout for the clip's assumption: it skips the EP
   reduction for that bucket, so every EP rank would report its *own* norm and the ranks would clip by
-  different coefficients (anchors §1.1; xorl's mean-over-EP instead gives one wrong value on every rank).
+  different coefficients (VeOmni's ``veomni/distributed/fsdp2/clip_grad_norm.py``, its replicated bucket;
+  xorl's mean-over-EP instead gives one wrong value on every rank).
 * ``experts nan``: a NaN in an expert gradient on the last EP rank. The L2 path reports NaN on every
   rank; the inf path takes the per-bucket maxima through a MAX all-reduce, and gloo's MAX keeps a NaN
   only when it arrives first (rank 0), so every rank reports a finite norm without that rank's experts.

@@ -58,7 +58,7 @@ from harness.cases.context import CaseContext
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import (fsdp_divide_factors, install_linear_forwards, reduced_to,
                                            sum_then_divide_on_gloo)
-from harness.targets.target import Finding, Target, stock
+from harness.cases.target import Finding, Target, stock
 
 from .framework import FRAMEWORK as XORL
 from .scenario import HIDDEN, INTERMEDIATE, RANK, XorlSetup

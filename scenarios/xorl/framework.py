@@ -4,7 +4,7 @@ Checked at togethercomputer/xorl 4d8c620b26ae (2026-08-22; its ``src/`` on ``PYT
 torch 2.13 CPU, transformers 5.18, with einops, triton 3.6.0, torchdata and psutil), the newest snapshot
 available here; xorl has no releases. Its version string there is ``25.10.17.dev1``."""
 
-from harness.targets.frameworks import Framework
+from harness.cases.frameworks import Framework
 
 FRAMEWORK = Framework(
     "xorl", "xorl.distributed.fsdp2.clip_grad_norm", None,

@@ -66,7 +66,7 @@ from harness.cases.context import context
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, Placement, Replicate, Shard, param
 from harness.cases.scenario import Scenario, ScenarioOptions, ep_sizes_for
-from harness.targets.target import Target
+from harness.cases.target import Target
 
 NUM_EXPERTS, HIDDEN, INTERMEDIATE, RANK = 8, 64, 128, 8
 PREFIX = "model.layers.0.mlp.experts."

@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -52,7 +52,7 @@ from harness.cases.variant import CaseSpec
 from harness.clipmath import EPS, local_tensor
 from harness.judge.blame import blame_reason, group_only, parameter_groups
 from harness.judge.checks import evaluate, unjudged_result
-from harness.judge.records import CaseResult, Replication, StatsTable
+from harness.judge.records import CaseResult, Coefficients, RankRecord, Replication, StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
 from harness.run.audit.without_copy import ParamMarks, cheap_policies, cheap_scale
@@ -60,8 +60,9 @@ from harness.run.audit.job_mesh import job_mesh
 from harness.run.case.model_state import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.case.blame_reruns import weigh_groups
 from harness.run.audit.with_copy import blocked_coefficients
-from harness.run.case.effects import canonical_nans, consistent_policies, mangled_reason, sanitize
+from harness.run.case.effects import CallEffects, canonical_nans, consistent_policies, mangled_reason, sanitize
 from harness.run.audit.gradient_pass import GradientPass, Stats, dtype_label
+from harness.run.audit.audit_report import AuditReport
 from harness.run.case.measure import from_digests, linear_digest
 from harness.run.case.guard import agree, describe_exception, guarded
 from harness.run.audit.user_world import UserWorld, user_world
@@ -69,23 +70,6 @@ from harness.run.world.dist_world import DeadRankError, WorldBroken
 from harness.targets.target import reported_value
 
 Grads = Mapping[str, "torch.Tensor | None"]
-
-@dataclass
-class AuditOutcome:
-    """What one rank learns: rank 0 the judged case, every rank the verdict and its text."""
-
-    rank: int
-    world_size: int
-    backend: str
-    verdict: str
-    text: str
-    result: CaseResult | None = None
-    """Rank 0's judged case (None on the other ranks, and when the job broke before it was judged)."""
-    broken: bool = False
-    """A rank hung or died: the job's groups cannot be trusted any more."""
-    notes: list[str] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-
 
 @dataclass
 class _Case:
@@ -115,7 +99,7 @@ def clip_label(clip: Callable[..., Any]) -> str:
 
 # -- one rank's audit ------------------------------------------------------------------------------------
 def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, norm_type: float,
-              mesh: DeviceMesh | None, restore: bool, blame: bool, timeout_s: float, label: str) -> AuditOutcome:
+              mesh: DeviceMesh | None, restore: bool, blame: bool, timeout_s: float, label: str) -> AuditReport:
     params = list(model.named_parameters())
     grads: dict[str, torch.Tensor | None] = {n: None if p.grad is None else local_tensor(p.grad) for n, p in params}
     device = next((g.device for g in grads.values() if g is not None),
@@ -196,31 +180,31 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     second.finish()
     for name in copied & set(after_stats):
         after_stats[name].digest = linear_digest(_digestible(post[name], nonfinite))
-    local: dict[str, Any] = {"mangled": mangled, "stale_truth": False, "undelivered": [],
-                             "created": [n for n, g in grads.items() if g is None and after.get(n) is not None]}
     if copies is not None:
-        local.update(blocked_coefficients(copies, post))
+        scale, vanished = blocked_coefficients(copies, post)
     else:
         scale = {n: [*pair, before[n].numel] for n in before if n in after_stats
                  if (pair := cheap_scale(before[n], after_stats[n])) is not None}
-        local["scale"] = scale
-        local["vanished"] = [n for n in before if post.get(n) is None]
-    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
-    local["became_nonfinite"] = [n for n, s in after_stats.items() if n in before and before[n].finite and not s.finite]
-    local["replaced"] = []  # not judged: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
-    flags = state_before.flag_changes(ModelState.of(model))
-    changed = marks.changed(ParamMarks.of(list(model.named_parameters())))
-    local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
-    local["late"] = _late(model, threads_before, [n for n, _ in params])
-    if nonfinite:
-        local["policies"] = _policies(before, post, copies, digests_before)
+        vanished = [n for n in before if post.get(n) is None]
+    coefficients: Coefficients = {
+        "scale": scale, "vanished": vanished,
+        "became_nonfinite": [n for n, s in after_stats.items() if n in before and before[n].finite and not s.finite]}
+    effects = CallEffects(
+        coefficients, mangled,
+        replaced=[],  # not judged: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
+        created=[n for n, g in grads.items() if g is None and after.get(n) is not None],
+        changed=marks.changed(ParamMarks.of(list(model.named_parameters()))),
+        flags=state_before.flag_changes(ModelState.of(model)),
+        policies=_policies(before, post, copies, digests_before) if nonfinite else None, nonfinite=nonfinite)
+    local = effects.record(late=_late(model, threads_before, [n for n, _ in params]), stale_truth=False,
+                           undelivered=[])
     if reported is None and error is None and fault is None:
-        reported = _implied_norm(local.get("scale", {}), max_norm, notes)
+        reported = _implied_norm(local["scale"], max_norm, notes)
         local["implied"] = reported is not None
     post_tokens = {n: (None if n not in after_stats else after_stats[n].digest if n in copied else "kept")
                    for n in grads}
-    clip_record = {"reported": reported, "error": error, "fault": fault, "seconds": seconds, "local": local,
-                   "post": post_tokens}
+    clip_record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
+                               "local": local, "post": post_tokens}
     clip_records = world.gather_json("audit-record", clip_record, world.exchange_deadline_s)
     clock.lap("effects")
     result = None
@@ -253,8 +237,9 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     shared = world.allgather_json("audit-verdict", verdict, world.exchange_deadline_s)[0]
     world.hang_handler = world.default_hang_handler
     all_notes = sorted({n for rec in records or [] for n in rec["notes"]}) + notes
-    return AuditOutcome(world.rank, world.world_size, world.backend, shared["verdict"], shared["text"], result,
-                        notes=all_notes, seconds=clock.seconds)
+    return AuditReport(rank=world.rank, world_size=world.world_size, backend=world.backend,
+                       verdict=shared["verdict"], text=shared["text"], result=result, notes=all_notes,
+                       seconds=clock.seconds)
 
 
 class _Clock:
@@ -361,24 +346,26 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
     return _Case(case, names, stats, pre, truth, held, tokens)
 
 
-def _judge(measured: _Case, records: Sequence[Mapping[str, Any]]) -> CaseResult:
+def _judge(measured: _Case, records: Sequence[RankRecord]) -> CaseResult:
     """Rank 0: the case judged from every rank's record of the call."""
     names = measured.names
     post = [{n: (measured.pre.classes or {}).get(n, [None] * len(records))[r] if token == "kept" else token
              for n, token in rec["post"].items()} for r, rec in enumerate(records)]
     post_rep = from_digests(names, [{n: p.get(n) for n in names} for p in post], measured.case.layout.mesh,
                             classes=True)
-    judged = [{k: v for k, v in rec.items() if k != "post"} for rec in records]
+    judged = [rec.copy() for rec in records]
+    for rec in judged:
+        rec.pop("post", None)
     _agreed_implied(judged, measured.case.variant.injection.dtype)
     return evaluate(measured.case, measured.truth, measured.truth, measured.stats, measured.pre, post_rep, judged)
 
 
-def _agreed_implied(records: list[dict[str, Any]], dtype: str) -> None:
+def _agreed_implied(records: list[RankRecord], dtype: str) -> None:
     """A clip that returned no norm: each rank's norm is read back from the coefficient it applied, an
     estimate good to the rounding of the gradients' dtype. Where every rank's estimate is within that
     of the others, the ranks applied one coefficient: they all get rank 0's (the agree check would
     otherwise fail on the estimates' last digits); farther apart, they are left to disagree."""
-    implied = [rec["reported"] for rec in records if rec["local"].get("implied")]
+    implied = [r for rec in records if rec["local"].get("implied") and (r := rec["reported"]) is not None]
     if len(implied) != len(records) or not implied:
         return
     lo, hi = min(implied), max(implied)
@@ -415,12 +402,12 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
     if implied:  # a clip that returns nothing: its norm from the coefficient it applied to the group
         reported = _group_implied_norm(model, group, copies, max_norm)
     agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
-    empty = {"scale": {}, "vanished": [], "mangled": {}, "replaced": [], "became_nonfinite": [], "created": [],
-             "params_changed": [], "late": [],
-             "stale_truth": False, "undelivered": [], "implied": implied and reported is not None}
-    records = world.gather_json(f"audit-blame-record-{index}", {"reported": reported, "error": error, "fault": None,
-                                                                "seconds": seconds, "local": empty},
-                                world.exchange_deadline_s)
+    # a one-group run is judged on its norm only: none of the call's other effects is measured again
+    unmeasured = CallEffects({"scale": {}, "vanished": [], "became_nonfinite": []}, {}, [], [], [])
+    local = unmeasured.record(late=[], stale_truth=False, undelivered=[])
+    local["implied"] = implied and reported is not None
+    record: RankRecord = {"reported": reported, "error": error, "fault": None, "seconds": seconds, "local": local}
+    records = world.gather_json(f"audit-blame-record-{index}", record, world.exchange_deadline_s)
     if records is None or measured is None:
         return None
     return _group_result(measured, group, records)
@@ -441,7 +428,7 @@ def _group_implied_norm(model: nn.Module, group: set[str], copies: Grads, max_no
     return max_norm / c - EPS if 0 < c < 1 else None
 
 
-def _group_result(measured: _Case, group: set[str], records: Sequence[Mapping[str, Any]]) -> CaseResult:
+def _group_result(measured: _Case, group: set[str], records: Sequence[RankRecord]) -> CaseResult:
     """A one-group run judged as its own case: the truth of the group's gradients (each class it holds
     once: a copy tied under a name outside the group was zero in this run)."""
     stats, pre = measured.stats, measured.pre
@@ -452,7 +439,7 @@ def _group_result(measured: _Case, group: set[str], records: Sequence[Mapping[st
                                              for r, k in enumerate(keys)] for n, keys in classes.items()})
     truth = measured_norm(sub_stats, sub_pre, measured.case.layout.mesh, measured.case.norm_type)
     case = group_only(measured.case, sorted(group))
-    judged = [dict(rec) for rec in records]
+    judged = [rec.copy() for rec in records]
     _agreed_implied(judged, measured.case.variant.injection.dtype)
     return evaluate(case, truth, truth, sub_stats, sub_pre, sub_pre, judged)
 
@@ -486,7 +473,7 @@ def _text(result: CaseResult | None, world: UserWorld) -> str:
     return out.getvalue().rstrip("\n")
 
 
-def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) -> AuditOutcome:
+def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) -> AuditReport:
     """A rank hung or died in the clip: rank 0 reports the case as unjudged, with what every rank posted
     (the exception its stuck peers wait for; where each hung rank is stuck), and tells the stuck ranks the
     run is over (they then leave with status 3, as in the harness's own cases)."""
@@ -501,7 +488,8 @@ def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) ->
         print(text, file=sys.stderr, flush=True)
         world.signal_ended()
     world.hang_handler = world.default_hang_handler
-    return AuditOutcome(world.rank, world.world_size, world.backend, "ERROR", text, result, broken=True)
+    return AuditReport(rank=world.rank, world_size=world.world_size, backend=world.backend, verdict="ERROR",
+                       text=text, result=result, broken=True)
 
 
 PEER_POST_WAIT_S = 5.0
@@ -551,4 +539,4 @@ def describe_error(exc: BaseException) -> str:
     return describe_exception(exc)
 
 
-__all__ = ["AuditOutcome", "run_audit", "clip_label", "job_mesh", "cheap_scale", "mangled_reason"]
+__all__ = ["AuditReport", "run_audit", "clip_label", "job_mesh", "cheap_scale", "mangled_reason"]

@@ -1,13 +1,14 @@
 """The coefficient a clip applied, measured exactly from the copy ``restore=True`` keeps, at the size of a
 real model: ``effects.applied_coefficients``'s numbers (least-squares factor per gradient, the largest
 relative residual), computed in float64 blocks on the gradients' own device, so the measurement needs one
-block of scratch memory, not the float64 copies of every gradient the harness's small cases can afford
-(which took 12 times the gradients' bytes, and a host copy on a GPU)."""
+block of scratch memory, not the float64 copies of every gradient (and a host copy on a GPU) the
+harness's small cases can afford (what those copies took: docs/performance.md, "Figures cited by the
+code")."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import torch
 
@@ -17,16 +18,16 @@ BLOCK = 1 << 20
 Grads = Mapping[str, "torch.Tensor | None"]
 
 
-def blocked_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
-    """``{"scale": {name: [c, residual, elements]}, "vanished": [...]}`` as ``applied_coefficients`` gives
-    it: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| / (max |a| * |c|); no factor for a gradient
+def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]], list[str]]:
+    """``({name: [c, residual, elements]}, vanished)``, the ``scale`` and ``vanished`` of
+    ``applied_coefficients``: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| / (max |a| * |c|); no factor for a gradient
     with a non-finite value before or after, or an all-zero one. Two passes over each gradient's blocks,
     the numbers kept on the device and brought to the host once per pass (and, for a gradient whose sums
     are not finite, its finiteness)."""
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
-        return {"scale": {}, "vanished": vanished}
+        return {}, vanished
     sums = []  # per gradient: sum a*a, sum a*b, max |a|, on its device
     for name in names:
         a, b = _flat(pre[name]), _flat(post[name])
@@ -56,13 +57,14 @@ def blocked_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
     worst_host = _host([r[1] for r in residuals])
     scale = {name: [factors[name], float(w) / scaled_top, numel]
              for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
-    return {"scale": scale, "vanished": vanished}
+    return scale, vanished
 
 
 def _blocks(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``a`` and ``b`` block by block in float64, converted into two scratch buffers allocated once per
     gradient (a fresh float64 tensor per block left the CPU allocator holding about one more copy of
-    the gradients by the end: measured, 256 MiB for 256 MiB of gradients). ``y`` may be overwritten."""
+    the gradients by the end: docs/audit.md, "Cost"; docs/performance.md, "Figures cited by the code").
+    ``y`` may be overwritten."""
     n = min(BLOCK, a.numel())
     bx = torch.empty(n, dtype=torch.float64, device=a.device)
     by = torch.empty(n, dtype=torch.float64, device=a.device)

@@ -15,13 +15,14 @@ from typing import Mapping, Sequence
 from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, group_only, parameter_groups,
                                  reuse_blame, weigh)
 from harness.judge.signatures import lying_plan_line
-from harness.judge.checks import CaseResult, surviving_signature
+from harness.judge.records import CaseResult
+from harness.judge.checks import surviving_signature
 from harness.run.case.launch_state import LaunchState
 from harness.run.case.runner import run_case
 from harness.run.world.dist_world import DistWorld
 from harness.cases.variant import CaseSpec, plan_lies, with_honest_plan
 from harness.cases.scenario import Scenario
-from harness.targets.target import Target
+from harness.cases.target import Target
 
 
 def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,

@@ -17,10 +17,12 @@ Measured from snapshots taken just before the call, so the judge never trusts th
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
+from harness.judge.records import Coefficients, RankLocal
 from harness.run.case.model_state import ModelState
 from harness.run.case.measure import bit_words
 
@@ -112,7 +114,7 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
     return [p for p in POLICIES if ok[p]]
 
 
-def applied_coefficients(pre: Grads, post: Grads) -> dict[str, Any]:
+def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
     Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...], "became_nonfinite": [...]}``;
@@ -165,6 +167,41 @@ def _flat64(t: torch.Tensor | None) -> torch.Tensor:
     return t.detach().to(torch.float64).reshape(-1).cpu()
 
 
+@dataclass
+class CallEffects:
+    """What this rank measured of the call right after it returned; the rank's ``local`` record once the
+    measurements that come later are added (``record``). The runner measures it here (``rank_effects``),
+    the audit by its own paths (with a copy, without one); both build the record through ``record``."""
+
+    coefficients: Coefficients
+    mangled: dict[str, str]
+    replaced: list[str]
+    created: list[str]
+    changed: list[str]
+    """Parameters whose rank-local values changed."""
+    flags: Mapping[str, str] = field(default_factory=dict)
+    """Parameters whose ``requires_grad`` flag changed, with how."""
+    policies: list[str] | None = None
+    nonfinite: bool = False
+    """The case has a non-finite gradient: the record says which policies the rank is consistent with."""
+
+    def record(self, *, late: list[str], stale_truth: bool, undelivered: list[str]) -> RankLocal:
+        """The rank's ``local`` record (``RankLocal``), the one place it is built: a gradient that was
+        mangled is reported as such, not also as vanished; a parameter is reported once, for its values
+        or else for its flag."""
+        local: RankLocal = {
+            "scale": self.coefficients["scale"],
+            "vanished": [n for n in self.coefficients["vanished"] if n not in self.mangled],
+            "became_nonfinite": self.coefficients["became_nonfinite"],
+            "mangled": self.mangled, "replaced": self.replaced, "created": self.created,
+            "params_changed": self.changed + [f"{n} ({why})" for n, why in self.flags.items() if n not in self.changed],
+            "late": late, "stale_truth": stale_truth, "undelivered": undelivered,
+        }
+        if self.nonfinite:
+            local["policies"] = self.policies
+        return local
+
+
 def rank_effects(
     pre: Grads,
     after: Grads,
@@ -174,17 +211,16 @@ def rank_effects(
     state_before: ModelState | None = None,
     state_after: ModelState | None = None,
     in_place: bool = True,
-) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]]:
-    """Everything this rank measured about the call, as the judge's checks read it (their ``reads``).
+) -> tuple[dict[str, torch.Tensor | None], CallEffects]:
+    """Everything this rank measures about the call at once, as the judge's checks read it (their ``reads``).
 
-    Returns the sanitized post-call gradients (for the replication round) and the rank's ``local``
-    record: ``scale``, ``vanished`` and ``became_nonfinite`` (applied coefficients), ``mangled`` (with
-    gradients whose wrapper changed: plain <-> DTensor, or the DTensor's metadata), ``replaced``
-    (gradients now in other storage, not scaled in place; left empty for a target whose framework
-    legitimately writes new gradient tensors: ``Target.in_place``), ``created`` (gradients where there
-    were none: a frozen parameter, an expert that got no tokens), ``params_changed`` (values, and
-    ``requires_grad`` flags) and, in a case with a non-finite gradient, ``policies``. One function, so
-    the runner and the judge's unit tests build the same record.
+    Returns the sanitized post-call gradients (for the replication round) and the ``CallEffects``:
+    applied coefficients, ``mangled`` (with gradients whose wrapper changed: plain <-> DTensor, or the
+    DTensor's metadata), ``replaced`` (gradients now in other storage, not scaled in place; left empty for
+    a target whose framework legitimately writes new gradient tensors: ``Target.in_place``), ``created``
+    (gradients where there were none: a frozen parameter, an expert that got no tokens), changed
+    parameters (values, and ``requires_grad`` flags) and, in a case with a non-finite gradient, the
+    policies. One function, so that the runner and the judge's unit tests measure alike.
     """
     post, mangled = sanitize(pre, after)
     if state_before is not None and state_after is not None:
@@ -193,17 +229,15 @@ def rank_effects(
             post[name] = None
     if nonfinite:
         post = canonical_nans(post)
-    local = applied_coefficients(pre, post)
-    local["vanished"] = [n for n in local["vanished"] if n not in mangled]
-    local["mangled"] = mangled
-    local["replaced"] = ([n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
-                         if in_place and state_before is not None and state_after is not None else [])
-    local["created"] = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    created = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    replaced: list[str] = []
+    flags: dict[str, str] = {}
     if state_before is not None and state_after is not None:  # frozen parameters too: not in ``pre``
-        local["created"] += [n for n in state_before.created(state_after) if n not in local["created"]]
-    changed = changed_params(params_before, params_after)
-    flags = state_before.flag_changes(state_after) if state_before is not None and state_after is not None else {}
-    local["params_changed"] = changed + [f"{n} ({why})" for n, why in flags.items() if n not in changed]
-    if nonfinite:
-        local["policies"] = consistent_policies(pre, post)
-    return post, local
+        created += [n for n in state_before.created(state_after) if n not in created]
+        flags = state_before.flag_changes(state_after)
+        if in_place:
+            replaced = [n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
+    effects = CallEffects(applied_coefficients(pre, post), mangled, replaced, created,
+                          changed_params(params_before, params_after), flags,
+                          consistent_policies(pre, post) if nonfinite else None, nonfinite)
+    return post, effects

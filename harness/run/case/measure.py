@@ -6,9 +6,10 @@ bytes. Two ways of asking, with that one criterion:
 
 * ``digests`` (gloo): each rank's SHA-256 of every gradient's bytes (128 bits kept) travels in the
   statistics round every case makes anyway, and every rank compares the digests of each group's
-  holders itself: no collective and no merge round. On CPU worlds a small gloo all-reduce costs
-  2-10 ms at worlds 2-8 on 2 cores and a store round 0.3-0.8 ms (``bench/exchange_bench.py``), while
-  hashing reads ~1.8 GB/s, faster than gloo moves the same bytes (``bench/oracle_bench.py``).
+  holders itself: no collective and no merge round. On CPU worlds a small gloo all-reduce costs as
+  much as several store rounds (``bench/exchange_bench.py``), and hashing reads the bytes faster
+  than gloo moves them (``bench/oracle_bench.py``; the figures: docs/performance.md, "Where it
+  stands", item 3, and "Figures cited by the code").
   Different digests prove different bits; equal digests of different bits would take a collision.
 * ``collectives`` (nccl): per mesh axis, a MAX all-reduce of the gradients' raw words (viewed as
   int32) over that axis's groups, and each holder's comparison of its own words with that maximum:
@@ -64,9 +65,9 @@ def _word_count(numel: int, itemsize: int) -> int:
 
 AllGather = Callable[[Any], list[Any]]
 """Every rank's JSON-able payload, in rank order: a round through the rendezvous store
-(``DistWorld.allgather_json``). For a few numbers per parameter it costs 0.3-0.8 ms at worlds 2-8 on
-2 cores, a gloo all-reduce 2-10 ms (``bench/exchange_bench.py``); JSON carries every float exactly
-(repr round-trips; NaN and infinities included)."""
+(``DistWorld.allgather_json``). For a few numbers per parameter it costs a fraction of a gloo
+all-reduce on CPU worlds (``bench/exchange_bench.py``; docs/performance.md, "Where it stands", item 3);
+JSON carries every float exactly (repr round-trips; NaN and infinities included)."""
 
 
 def gather_stats(

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from harness.run.case.measure import (Replication, StatsTable, bits_digest, from_digests, measure_replication, merged,
+from harness.judge.records import Replication, StatsTable
+from harness.run.case.measure import (bits_digest, from_digests, measure_replication, merged,
                                  uses_digests)
 from harness.run.world.dist_world import MeshGroups
 from harness.cases.layout import MeshSpec

@@ -28,13 +28,14 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, evaluate, setup_failed_result, skipped_result
+from harness.judge.records import CaseResult, RankRecord
+from harness.judge.checks import evaluate, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.case.model_state import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
@@ -46,7 +47,8 @@ from harness.run.case.measure import digests_for_truth, gather_stats, pre_call_r
 from harness.judge.truth import measured_norm
 from harness.cases.constructive import variant_truth
 from harness.cases.scenario import Scenario
-from harness.targets.target import Target, reported_precision, reported_value
+from harness.cases.target import Target
+from harness.targets.target import reported_precision, reported_value
 from harness.run.guards.leftovers import census, left_behind, threads_fault
 from harness.run.world.dist_world import DistWorld
 from harness.run.case.guard import agree, guarded
@@ -144,26 +146,25 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
         groups = world.mesh(layout.mesh)
 
-    post, local = rank_effects(pre, local_grads(model, names), params_before,
+    post, effects = rank_effects(pre, local_grads(model, names), params_before,
                                {n: local_tensor(p) for n, p in model.named_parameters()},
                                bool(variant.injection.nonfinite), state_before, ModelState.of(model),
                                in_place=target.in_place)
     baseline = fingerprint(model, names)
     late, running = settled_changes(threads_before, model, names, baseline)
-    local["late"] = late
     if running:  # its collectives would reach the next case: this world stops after this one
         fault = "; ".join(filter(None, [fault, threads_fault(running)]))
         world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
     launch.late_watch = LateWatch(model, names, baseline, running)
     # this rank's part only: the parts travel in the records, and rank 0 merges them
+    local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here)
     local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
-    local["stale_truth"] = stale_truth
-    local["undelivered"] = undelivered_here
-    record: dict[str, Any] = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
-                              "local": local, "precision": reported_precision(value) if error is None else None}
-    records = world.gather_json("record", record, world.exchange_deadline_s)
-    if records is None:
+    record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
+                          "local": local, "precision": reported_precision(value) if error is None else None}
+    gathered = world.gather_json("record", record, world.exchange_deadline_s)
+    if gathered is None:
         return None
+    records = cast(list[RankRecord], gathered)
     truth = variant_truth(variant, case.norm_type)
     measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
     post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh,

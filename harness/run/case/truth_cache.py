@@ -23,7 +23,7 @@ import torch
 
 from harness.cases.variant import CaseSpec
 from harness.run.case.effects import canonical_nans
-from harness.run.case.measure import Replication, StatsTable
+from harness.judge.records import Replication, StatsTable
 
 Grads = Mapping[str, "torch.Tensor | None"]
 

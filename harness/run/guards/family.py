@@ -3,7 +3,7 @@
 What went wrong without this: spawned ranks (``--spawn-ranks``, every nccl/CUDA run) start in a
 session of their own and lived on for minutes after their launcher was killed outright; a forked
 rank's own child (a clip that forks a sleeper) kept the launcher waiting, because a child forked from
-a rank inherits the pipe whose closing tells the elastic agent that the rank ended; 14 grandchildren
+a rank inherits the pipe whose closing tells the elastic agent that the rank ended; grandchildren
 survived the launcher. So:
 
 * every process clipcheck starts asks the kernel to kill it when its parent dies
@@ -12,8 +12,8 @@ survived the launcher. So:
   (``children_die_with_this_process``);
 * a process that knows its parent's pid also watches it (``die_with_parent(pid)`` starts
   ``watch_parent``): the kernel's request is tied to the parent *thread* and silently refused where
-  ``prctl`` is (a sandbox, not Linux), and a launcher whose matrix was killed outright was once found
-  alive with both its ranks a minute later; the watch ends the process and its descendants within
+  ``prctl`` is (a sandbox, not Linux), and there, unwatched, a launcher whose matrix is killed
+  outright stays alive with its ranks; the watch ends the process and its descendants within
   ``PARENT_POLL_S`` whatever happened to the request;
 * launchers and ranks adopt their orphaned descendants (``adopt_orphans``) and end every descendant
   they did not start before they leave (``end_descendants``).

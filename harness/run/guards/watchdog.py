@@ -13,7 +13,6 @@ backstop, with a later deadline, for code that holds the GIL forever.
 from __future__ import annotations
 
 import faulthandler
-import math
 import os
 import sys
 import threading
@@ -24,20 +23,6 @@ from typing import Callable, Iterator
 
 BACKSTOP_GRACE_S = 60.0
 """How long after the watchdog faulthandler kills a rank the watchdog could not help."""
-
-MAX_TIMEOUT_S = 86400.0
-"""The longest collective timeout a run takes (a day). Every deadline is a multiple of it, and what
-holds them (timedelta, the C++ stores' milliseconds) overflows somewhere past 1e9 s: ``--timeout inf``
-once made every case a crash under ``clipcheck run`` and an OverflowError traceback under torchrun."""
-
-
-def timeout_problem(seconds: float, what: str = "--timeout") -> str | None:
-    """Why ``seconds`` cannot be a collective timeout (one line), or None."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        return f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}; got {seconds!r}"
-    return None
-
 
 def main_thread_stack() -> str:
     """The main thread's Python stack, innermost frame last (the watchdog runs in another thread)."""

@@ -34,8 +34,9 @@ import threading
 from typing import Any
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, amend_late, unjudged_result
-from harness.cases.plan import Plan
+from harness.judge.records import CaseResult
+from harness.judge.checks import amend_late, unjudged_result
+from harness.plan.planner import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
 from harness.run.case.blame_reruns import run_case_with_blame

@@ -48,8 +48,9 @@ import torch.distributed as dist
 from harness.run.guards.family import children_die_with_this_process, die_with_parent
 from harness.run.world.startup import share_the_cores
 from harness.run.world.torch_compat import LISTEN_FD_ON_LIBUV
-from harness.run.guards.watchdog import timeout_problem
+from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import DistWorld
+from harness.errors import ClipcheckError
 from harness.run.case.launch_state import LaunchState
 
 _WORLD: DistWorld | None = None
@@ -81,15 +82,17 @@ class RankResult:
         return self.status == "ok"
 
 
-class PoolBroken(RuntimeError):
-    """The pool could not be started (a rank failed to join in time)."""
+class PoolBroken(ClipcheckError, RuntimeError):
+    """The pool could not be started (a rank failed to join in time). Under the one root (``except
+    ClipcheckError`` catches it), and still a RuntimeError for older handlers."""
 
 
 FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo",
                       "harness.run.hosts.pool", "harness.run.hosts.pool_cases", "harness.scenarios")
 """Imported once by the fork server every rank is forked from: what the first task would otherwise
-import in every rank (the first DTensor imports torch._dynamo: ~1.7 s of CPU per rank; the registry
-imports every scenario module). Import errors are ignored there (the rank imports what it needs)."""
+import in every rank (the first DTensor imports torch._dynamo, paid by every rank: docs/performance.md,
+"Figures cited by the code"; the registry imports every scenario module). Import errors are ignored
+there (the rank imports what it needs)."""
 
 CLOSE_GRACE_S = 10.0
 """How long ``RankPool.close`` waits for idle ranks to stop on their own, all of them together."""

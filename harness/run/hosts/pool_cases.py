@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from harness.cases.variant import CaseSpec
-from harness.judge.checks import CaseResult, unjudged_result
+from harness.judge.records import CaseResult
+from harness.judge.checks import unjudged_result
 from harness.run.hosts.pool import RankPool, RankResult, current_launch, current_world
 from harness.targets.registry import registered_targets
 from harness.run.case.blame_reruns import run_case_with_blame

@@ -69,8 +69,9 @@ def usable_cores() -> int:
 
 def max_local_ranks(cores: int) -> int:
     """How many ranks one machine with ``cores`` usable cores is asked to run at most: four per core
-    (world 8 on 2 cores is measured and fine), never fewer than 8 nor more than 64. Past it a launch
-    only thrashes (``run --nproc 64`` on 2 cores once started 64 ranks and ground to a halt)."""
+    (``RANKS_PER_CORE``), never fewer than 8 nor more than 64. Every rank is a process that takes its
+    turn on the cores in each collective, so past a few per core a launch only thrashes (what ran and
+    what did not: docs/performance.md, "Figures cited by the code")."""
     return min(MAX_LOCAL_RANKS, max(8, RANKS_PER_CORE * cores))
 
 

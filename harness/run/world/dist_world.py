@@ -40,17 +40,20 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from harness.run.world.devices import nccl_error_environment
 from harness.cases.layout import MeshSpec
+from harness.errors import ClipcheckError
 from harness.run.world.release import release_peers
 from harness.run.world.torch_compat import groups_alive, member_group, set_group_timeout
 
 
-class DeadRankError(RuntimeError):
-    """A rank stopped answering: the run cannot continue and must fail with this message."""
+class DeadRankError(ClipcheckError, RuntimeError):
+    """A rank stopped answering: the run cannot continue and must fail with this message. Under the
+    one root (``except ClipcheckError`` catches it), and still a RuntimeError for older handlers."""
 
 
-class WorldBroken(RuntimeError):
+class WorldBroken(ClipcheckError, RuntimeError):
     """A rank hung in the function under test (its watchdog said so through the store): the world
-    cannot run another case. ``ranks`` hung; ``detail`` says where."""
+    cannot run another case. ``ranks`` hung; ``detail`` says where. Under the one root, and still a
+    RuntimeError for older handlers."""
 
     def __init__(self, ranks: list[int], detail: str) -> None:
         super().__init__(detail)
@@ -84,9 +87,9 @@ class MeshGroups:
 
     The twins are built on first use, not with the mesh: only a truth measurement needs them (and,
     on nccl, the post-call replica round), and after a raising case the next cases of the variant
-    reuse its truth, so a fresh generation would otherwise pay for groups it never uses (15-40% of
-    a regeneration's ~0.25 s at world 8 on 2 cores). Every rank reaches that first use at the same
-    case, so every rank still creates the same groups in the same order."""
+    reuse its truth, so a fresh generation would otherwise pay for groups it never uses (what that
+    saved: docs/performance.md, "Figures cited by the code"). Every rank reaches that first use at
+    the same case, so every rank still creates the same groups in the same order."""
 
     spec: MeshSpec
     device_mesh: DeviceMesh
@@ -471,8 +474,9 @@ class DistWorld:
     def leave_together(self, status: int) -> int:
         """Rank 0's exit status, for every rank to exit with. A job spread over several nodes ends the
         same way on each (torchelastic's agents then take the same path: a node whose ranks all exit 0
-        waits in the exit barrier for the others, 300 s, and was once the only one to, while the store
-        host had already failed); a rank that cannot learn it exits UNKNOWN_EXIT_STATUS."""
+        waits in the exit barrier for the others, up to torchelastic's 300 s, and would wait there alone
+        when another node's ranks failed and the store host is gone); a rank that cannot learn it exits
+        UNKNOWN_EXIT_STATUS."""
         if self.world_size == 1:
             return status
         if self.rank == 0:

@@ -9,17 +9,17 @@ import os
 import sys
 
 from harness.run.world.devices import usable_cores
-from harness.cases.plan import Plan
+from harness.plan.planner import Plan
 
 
 def share_the_cores(local_ranks: int) -> bool:
     """With more ranks on this machine than cores it may use, put this rank under ``SCHED_BATCH``
     (Linux): the scheduler then lets a running rank finish its time slice instead of switching to
     every rank a message wakes. Cases on oversubscribed cores are a sequence of short collectives
-    and store rounds that wake several ranks each; the switches were what was left to cut
-    (``clipcheck run`` over four scenarios on 2 cores: about 10% less wall time at worlds 4 and 8,
-    no change at world 2, so a world that fits the cores keeps the default policy). Nothing the
-    clip function computes depends on it. Returns whether the policy was set."""
+    and store rounds that wake several ranks each; the switches were what was left to cut. It pays
+    only when ranks outnumber the cores, so a world that fits the cores keeps the default policy
+    (docs/performance.md, "Where it stands", item 6). Nothing the clip function computes depends on
+    it. Returns whether the policy was set."""
     if local_ranks <= usable_cores() or not hasattr(os, "SCHED_BATCH"):
         return False
     try:
@@ -31,11 +31,12 @@ def share_the_cores(local_ranks: int) -> bool:
 
 def settle_startup(plan: Plan) -> None:
     """Before the first case: import the plan's frameworks (a no-op in a rank forked from a launcher
-    that preloaded them), then move every object alive now (torch, the frameworks, the plan: ~580K
-    objects with every framework) into the collector's permanent generation. A full collection walks
-    every tracked object: 0.24 s per ``gc.collect()`` with the frameworks loaded, paid by each rank
-    whenever Python's own schedule or a framework (ColossalAI's plugin destructor) asks for one; after
-    the freeze it walks only what the cases allocate. Those objects live as long as the process anyway."""
+    that preloaded them), then move every object alive now (torch, the frameworks, the plan) into the
+    collector's permanent generation. A full collection walks every tracked object, and with the
+    frameworks loaded those are many: each rank pays that walk whenever Python's own schedule or a
+    framework (ColossalAI's plugin destructor) asks for a collection; after the freeze it walks only
+    what the cases allocate (the object count and the cost of one collection: docs/performance.md,
+    "Where it stands", item 2). Those objects live as long as the process anyway."""
     preload_frameworks(plan)
     gc.freeze()
 
@@ -68,7 +69,8 @@ def preload_frameworks(plan: Plan, log: str | None = None) -> None:
 
 
 def _import_frameworks(plan: Plan) -> None:
-    try:  # the first DTensor a rank builds imports torch._dynamo (0.6 s of CPU here): once, before the forks
+    try:  # the first DTensor a rank builds imports torch._dynamo: once, before the forks (its cost:
+        # docs/performance.md, "Figures cited by the code")
         importlib.import_module("torch._dynamo")
     except Exception:  # noqa: BLE001 - a rank imports it again where it needs it, and reports what happens
         pass

@@ -7,7 +7,7 @@ each within a bounded number of drawn layouts; the reference must survive the sa
 
 from __future__ import annotations
 
-from harness.targets.target import Target
+from harness.cases.target import Target
 from . import (
     cp_replicas_summed,
     dtensor_copy_scaled,

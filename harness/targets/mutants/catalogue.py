@@ -1,13 +1,16 @@
 """The catalogue: every known clipping mistake with its mutant, its upstream reports, what it does to
 the norm, and the fixed scenario that catches it.
 
-Rows refer to the bug catalogue of the project's framework notes (§6 of ``frameworks.md``, 50 rows
-over 20 frameworks). A row is either a *mechanism* here (a mutant: the reference clip with that one
-mistake), *reproduced with the real code* elsewhere (a framework adapter or a scenario's own
-target), or *out of scope* with the reason (the mistake is not in the norm or the clip: logging,
-gradient synchronization, the optimizer, initialization). ``tests/test_catalogue.py`` keeps the three
-partitions complete, and ``clipcheck catalogue`` runs each mechanism against its fixed scenario and
-the fuzzer.
+Rows refer to the project's bug catalogue: 50 numbered reports of norm and clipping mistakes over 20
+frameworks (each a repository, its upstream issue or PR, the root cause and what it does to the norm),
+kept in section 6 of the framework survey among the project's design notes, not in this repository:
+"§6 row N" in ``clipcheck catalogue``'s table and in findings is row N there. Each mechanism's
+``upstream`` names the report itself, so a row reads without the notes. A row is either a *mechanism*
+here (a mutant: the reference clip with that one mistake), *reproduced with the real code* elsewhere (a
+framework adapter or a scenario's own target), or *out of scope* with the reason (the mistake is not in
+the norm or the clip: logging, gradient synchronization, the optimizer, initialization).
+``tests/test_catalogue.py`` keeps the three partitions complete, and ``clipcheck catalogue`` runs each
+mechanism against its fixed scenario and the fuzzer.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BUG_ROWS = range(1, 51)
-"""The rows of the framework notes' §6 bug catalogue."""
+"""The row numbers of the bug catalogue (see the module docstring)."""
 
 FUZZ_WORLD = 4
 FUZZ_BUDGET = 150
@@ -51,7 +54,7 @@ class Mechanism:
     caught_by: str
     """The built-in fixed scenario whose cases expose it."""
     rows: tuple[int, ...] = ()
-    """§6 rows this mechanism reproduces."""
+    """Bug catalogue rows this mechanism reproduces (the "§6 rows" of ``clipcheck catalogue``)."""
     fuzz_needed: int = field(kw_only=True)
     """Examples the fuzzer needed to find it (``FUZZ_WORLD`` ranks, ``FUZZ_BUDGET`` examples,
     ``FUZZ_SEED``, hypothesis ``FUZZ_HYPOTHESIS``, torch ``FUZZ_TORCH``), re-recorded with ``clipcheck catalogue`` whenever

@@ -21,6 +21,7 @@ launch run the world they are given.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,21 @@ from typing import Any
 
 from harness.cases.matrix import parse_mapping
 from harness.errors import ClipcheckInputError
-from harness.run.guards.watchdog import timeout_problem
+
+MAX_TIMEOUT_S = 86400.0
+"""The longest collective timeout a run takes (a day). Every deadline is a multiple of it, and what
+holds them (timedelta, the C++ stores' milliseconds) overflows somewhere past 1e9 s: uncapped,
+``--timeout inf`` makes every case a crash under ``clipcheck run`` and an OverflowError traceback under
+torchrun."""
+
+
+def timeout_problem(seconds: float, what: str = "--timeout") -> str | None:
+    """Why ``seconds`` cannot be a collective timeout (one line), or None."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        return f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}; got {seconds!r}"
+    return None
+
 
 TABLE = "tool.clipcheck"
 OWN_KEYS = ("timeout",)

@@ -92,20 +92,3 @@ class Framework:
 def recipes(frameworks: Iterable[Framework]) -> list[str]:
     """Every recipe line of ``frameworks``, in order."""
     return [line for framework in frameworks for line in framework.recipe]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.targets.frameworks --recipes``: the install recipes of every built-in
-    framework folder, one shell line each (what ``.ci/install-frameworks`` runs)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv != ["--recipes"]:
-        print("usage: python -m harness.targets.frameworks --recipes", file=sys.stderr)
-        return 2
-    from harness.targets.builtin_scenarios import scenarios_package
-
-    print("\n".join(recipes(scenarios_package().FRAMEWORKS)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,20 +16,17 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harness.errors import ClipcheckInputError
+from harness.errors import UsageError
 from harness.cases.variant import CaseSpec, Variant, norm_label, with_honest_plan
 from harness.cases.injection import DTYPES
 from harness.cases.layout import LayoutError
-from harness.targets.loading import LoadError
+from harness.cases.loading import LoadError
 from harness.cases.matrix import MatrixSpec
 from harness.cases.constructive import variant_truth
 from harness.targets.registry import builtin_scenarios, registered_targets, resolve_scenario
 from harness.cases.scenario import Scenario, ScenarioOptions
-from harness.targets.target import Target, resolve_target
-
-
-class UsageError(ClipcheckInputError):
-    """Bad input, reported as one clear line."""
+from harness.cases.target import Target
+from harness.targets.target import resolve_target
 
 
 @dataclass
