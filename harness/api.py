@@ -102,9 +102,10 @@ def target_reference(target: str | Callable[..., Any]) -> str:
 def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None = None,
           worlds: Iterable[int] | None = None, dtypes: Sequence[str] | None = None,
           norm_types: Sequence[float | str] | None = None, clip_ratios: Sequence[float] | None = None,
-          max_norm: float | None = None, ep_sizes: Sequence[int] | None = None, variant: str | None = None,
-          seed: int | None = None, backend: str | None = None, timeout_s: float | None = None,
-          pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto",
+          max_norm: float | None = None, ep_sizes: Sequence[int] | None = None,
+          variant: str | Sequence[str] | None = None, exclude: str | Sequence[str] | None = None,
+          parallelism: Sequence[str] | None = None, seed: int | None = None, backend: str | None = None,
+          timeout_s: float | None = None, pools: Mapping[int, RankPool] | None = None, blame: bool | str = "auto",
           plans: str | None = None, synthetic: bool | None = None) -> CheckReport:
     """Run the selected built-in (or ``module:Class``) scenarios against ``target`` at each world size.
 
@@ -120,7 +121,9 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     and dtype, ``"all"`` (or True) every failing case, ``"off"`` (or False) never. ``plans``: ``"all"``
     (the default) or ``"honest"`` (every declared plan replaced by the truth: ``--plans``). ``synthetic``:
     also the scenarios' synthetic (regression) layouts, which no known trainer path reaches (``--synthetic``;
-    off by default).
+    off by default). ``variant`` / ``exclude``: label patterns (one string or several) a layout must
+    match / must not match (``--variant``, ``--exclude``); ``parallelism``: the kinds a layout may be built
+    from (``["ep", "fsdp"]``: ``--parallelism``, docs/matrix.md).
 
     Raises ``ClipcheckInputError`` for bad input, before any rank starts. What goes wrong once ranks
     run is in the report: a hung or dead rank is its case's ERROR, and a world whose ranks do not
@@ -128,11 +131,11 @@ def check(target: str | Callable[..., Any], *, scenarios: Sequence[str] | None =
     project = project_defaults()
     raw: dict[str, Any] = {"targets": [target_reference(target)]}
     for key, value in (("scenarios", scenarios), ("dtypes", dtypes), ("norm_types", norm_types),
-                       ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes), ("worlds", worlds)):
-        if value is not None:
-            raw[key] = [str(v) if key == "norm_types" else v for v in value]
-    for key, single in (("max_norm", max_norm), ("variant", variant), ("seed", seed), ("plans", plans),
-                           ("synthetic", synthetic)):
+                       ("clip_ratios", clip_ratios), ("ep_sizes", ep_sizes), ("worlds", worlds),
+                       ("parallelism", parallelism), ("variant", variant), ("exclude", exclude)):
+        if value is not None:  # a lone string is a list of one (not of its characters)
+            raw[key] = [value] if isinstance(value, str) else [str(v) if key == "norm_types" else v for v in value]
+    for key, single in (("max_norm", max_norm), ("seed", seed), ("plans", plans), ("synthetic", synthetic)):
         if single is not None:
             raw[key] = single
     spec = MatrixSpec(worlds=DEFAULT_WORLDS).updated(project.without("targets")).updated(
@@ -176,7 +179,7 @@ def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.Stri
     and the status 3, as ``clipcheck run`` records a launch that could not run them; the other
     worlds still run."""
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
-    reporter.header(len(plan.cases), plan.notes + plan.drop_lines())
+    reporter.header(len(plan.cases), plan.header_lines())
     pending = list(plan.cases)
     try:
         pool.run(forget_blame)  # the plan's weighings are its own

@@ -1,5 +1,6 @@
 """``harness.audit`` on a user's own job: the measured truth without a mesh, the real call judged
-by the case's checks, a clip that raises on one rank, ``restore``, and the capture-and-replay round trip.
+by the case's checks, a clip that raises on one rank, ``restore``, what a failure says without it, and the
+capture-and-replay round trip (of DTensor jobs: tests/test_audit_replay.py).
 
 The jobs are real training steps (tests/audit_jobs/toy.py: a forward, a backward, DDP-like and tied
 all-reduces) under torchrun on gloo; the pure parts (classes of copies, audit files) are tested in-process.
@@ -21,7 +22,10 @@ import harness
 from audit_runs import run_job
 from harness.cases.layout import LayoutError
 from harness.cases.measured import Holding, candidates, class_tokens, read_audit, world_mesh
-from harness.judge.records import Replication, StatsTable
+from harness.judge.blame import tied_groups
+from harness.judge.records import Evidence, Replication, StatsTable
+from harness.judge.signatures import one_group_readings
+from harness.run.audit.session import UNBLAMED
 from harness.judge.truth import measured_norm
 from harness_runs import harness_process
 
@@ -161,6 +165,45 @@ def test_a_tie_counted_on_both_stages_is_caught_and_blamed(tmp_path):
     assert not run.check("norm")["passed"] and run.record["ratio"] > 1.0
     blamed = " ".join(str(b) for b in run.record["blame"])
     assert "embed" in blamed or "head" in blamed, run.found["text"]
+    assert TIE_TWICE in run.record["signature"], run.found["text"]  # the tie is one group: embed's run alone cannot see it
+    assert UNBLAMED not in run.found["text"]  # the groups were weighed
+
+
+TIE_TWICE = "embed (ranks 0) + head (ranks 3): counted 2 times instead of once; every other group counted once"
+
+
+@pytest.mark.distributed
+def test_without_restore_a_failure_says_why_and_how_to_name_the_groups(tmp_path):
+    """``restore=False``: no copy, so no one-group runs; the signature still says why, from the measured
+    statistics (here one group's mistake: the tie counted on both stages, which no reading of the whole
+    case prices), and a line says that ``restore=True`` names the groups. A correct clip's PASS has neither."""
+    run = run_job("toy.py", 4, ["tied-twice"], tmp_path)
+    assert run.found["verdict"] == "FAIL" and not run.record["blame"], run.found["text"]
+    assert f"signature: {TIE_TWICE}" in run.found["text"], run.found["text"]
+    assert f"note: {UNBLAMED}" in run.found["text"]
+    right = run_job("toy.py", 4, ["correct"], tmp_path)
+    assert right.found["verdict"] == "PASS", right.found["text"]
+    assert "signature" not in right.found["text"] and UNBLAMED not in right.found["text"]
+
+
+def test_one_group_readings_price_one_group_s_mistake_and_nothing_else():
+    """A group counted twice, priced from the groups' own evidence (its part of the p-th power sum doubled,
+    the rest kept); a report no single group's mistake gives reads as nothing."""
+    mesh = world_mesh(4)
+
+    def evidence(truth: float, local: list[float]) -> Evidence:
+        return Evidence(truth, 2.0, mesh, local, truth, [], replica_counts=frozenset({2}))
+
+    groups = {"tie": evidence(3.0, [3.0, 0.0, 0.0, 3.0]), "rest": evidence(4.0, [2.0] * 4)}
+    readings = one_group_readings([math.sqrt(25 + 9)] * 4, 5.0, groups, 1e-6)
+    assert readings[0] == "tie: counted 2 times instead of once; every other group counted once", readings
+    assert one_group_readings([5.5] * 4, 5.0, groups, 1e-6) == []
+
+
+def test_a_tie_spanning_two_groups_is_one_group():
+    groups = {"embed (ranks 0)": ["embed"], "head (ranks 3)": ["head"], "w": ["w"]}
+    classes = {"embed": ["t", None], "head": [None, "t"], "w": ["a", "b"]}
+    assert tied_groups(groups, classes) == {"embed (ranks 0) + head (ranks 3)": ["embed", "head"], "w": ["w"]}
 
 
 @pytest.mark.distributed

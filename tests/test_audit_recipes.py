@@ -75,6 +75,9 @@ def test_accelerate_counts_plain_tp_shards_rank_locally(nproc, tmp_path):
 def test_fsdp2_ep(nproc, tmp_path):
     right = _job("fsdp2_ep.py", nproc, ["per-mesh"], tmp_path)
     assert right.found["verdict"] == "PASS", right.found["text"]
+    # the experts are DTensors on the ep_fsdp sub-mesh, the dense layers on a mesh of every rank: a saved layout
+    # keeps each on its sub-mesh of the job's mesh, so no note says its replay would build them plain
+    assert not any("torch-dtensor cannot run" in note for note in right.found["notes"]), right.found
     wrong = _job("fsdp2_ep.py", nproc, ["no-ep-reduce"], tmp_path)
     assert wrong.found["verdict"] == "FAIL" and "norm" in _failed(wrong), wrong.found["text"]
     assert "experts.weight" in str(wrong.record["blame"])

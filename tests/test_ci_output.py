@@ -15,7 +15,8 @@ import pytest
 import harness
 from harness.cases.matrix import load_matrix
 from harness.errors import UsageError
-from harness.plan.planner import plan_cases, variant_selected
+from harness.plan.planner import plan_cases
+from harness.plan.selection import label_matches
 from harness.commands.matrix import default_matrix_path
 from harness.report.failures import failures_text, replay_command
 from harness.report.html import render_html
@@ -53,9 +54,9 @@ def test_junit_testcases_are_unique_on_the_default_matrix():
 
 
 def test_variant_equals_selects_one_layout_exactly():
-    assert variant_selected("dp_shard=2 fsdp", "=dp_shard=2 fsdp")
-    assert not variant_selected("dp_shard=2 fsdp nan", "=dp_shard=2 fsdp")
-    assert variant_selected("dp_shard=2 fsdp nan", "fsdp")
+    assert label_matches("dp_shard=2 fsdp", "=dp_shard=2 fsdp")
+    assert not label_matches("dp_shard=2 fsdp nan", "=dp_shard=2 fsdp")
+    assert label_matches("dp_shard=2 fsdp nan", "fsdp")
 
 
 @pytest.mark.distributed

@@ -27,7 +27,7 @@ def test_list_shows_scenarios_and_targets():
         (["--scenario", "nope"], "1", "unknown scenario 'nope'"),
         (["--scenario", "dense_dp", "--ep-size", "2"], "2", "--ep-size does not apply to dense_dp"),
         (["--dtype", "fp8"], "1", "unknown dtype 'fp8'"),
-        (["--variant", "zzz"], "1", "matches no layout variant"),
+        (["--variant", "zzz"], "1", "variant 'zzz' leaves no layout of"),
         (["--backend", "nccl"], "1", "backend nccl needs CUDA"),
         (["--timeout", "0"], "1", "--timeout must be a positive number of seconds"),
         (["--timeout", "inf"], "1", "--timeout must be a positive number of seconds, at most 86400"),
@@ -42,6 +42,23 @@ def test_bad_input_is_one_clear_line(args, world, message, monkeypatch, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, suggestion", [
+    (["--target", "referenc"], "unknown target 'referenc': did you mean 'reference'?"),
+    (["--target", "reference,xorl-styel"], "unknown target 'xorl-styel': did you mean 'xorl-style'?"),
+    (["--scenario", "dense_pd"], "unknown scenario 'dense_pd': did you mean 'dense_dp'?"),
+])
+def test_a_mistyped_name_gets_the_closest_registered_one_before_any_rank_starts(args, suggestion):
+    proc = run_cli(["run", "--nproc", "2", *args])
+    assert proc.returncode == 2 and suggestion in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_name_close_to_nothing_gets_no_guess(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--target", "nope"]) == 2
+    assert "did you mean" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

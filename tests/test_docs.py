@@ -5,7 +5,8 @@ documentation is tested"):
 * ``python``: run with this interpreter in a temporary directory outside the checkout;
 * ``bash`` / ``sh``: run with ``bash -euo pipefail`` there; ``console``: its ``$ `` lines, the same way;
 * ``toml`` / ``json``: parsed; ``yaml`` / ``yml``: parsed with PyYAML, skipped where it is absent;
-* ``text``: output, not run;
+* ``text``: output, not run; after the line ``<!-- the output of the block above -->``, what the block
+  before it prints: that block's stdout must be this text (``normalized``);
 * first line ``# long: <why>``: only syntax-checked (``compile``, ``bash -n``);
 * first line ``# file: NAME``: written as NAME into the directory of each later executed block of the
   same page (python compiled, toml and json parsed), not run itself.
@@ -35,6 +36,7 @@ PARSED = ("toml", "json", "yaml", "yml")
 LAUNCHES = re.compile(r"clipcheck (run|matrix|fuzz|catalogue)\b|harness\.check\(|torchrun|rank_pool|"
                       r"world_size\(|RankPool|--replay|python -m pytest|run_matrix")
 BLOCK_TIMEOUT_S = 600
+SHOWS_OUTPUT = "<!-- the output of the block above -->"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Block:
     line: int  # of the opening fence, 1-based
     lang: str
     text: str
+    after: str = ""  # the page's last non-blank line before the opening fence
 
     @property
     def id(self) -> str:
@@ -69,14 +72,17 @@ def page_blocks(path: Path) -> list[Block]:
     blocks: list[Block] = []
     opened: tuple[str, int, str] | None = None
     body: list[str] = []
+    after = ""
     for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         match = FENCE.match(line)
         if opened is None:
             if match:
                 opened, body = (match.group(1), number, match.group(2).lower()), []
+            elif line.strip():
+                after = line.strip()
         elif match and match.group(1) == opened[0] and not match.group(2):
-            blocks.append(Block(str(path.relative_to(ROOT)), opened[1], opened[2], "\n".join(body) + "\n"))
-            opened = None
+            blocks.append(Block(str(path.relative_to(ROOT)), opened[1], opened[2], "\n".join(body) + "\n", after))
+            opened, after = None, ""
         else:
             body.append(line)
     assert opened is None, f"{path.relative_to(ROOT)}:{opened[1]}: a code block is never closed"
@@ -138,6 +144,24 @@ def parse(block: Block) -> None:
         yaml.safe_load(block.text)
 
 
+def shown_output(block: Block) -> Block | None:
+    """The ``text`` block that shows what ``block`` prints: the next block of its page, marked so."""
+    later = [b for b in BLOCKS if b.page == block.page and b.line > block.line]
+    if later and later[0].lang == "text" and later[0].after == SHOWS_OUTPUT:
+        return later[0]
+    return None
+
+
+def normalized(output: str, folder: Path) -> str:
+    """What a block printed, less what differs from machine to machine: the folder it ran in and the
+    checkout's path (written ``<tmp>``, ``<checkout>``), and blanks at a line's end. Nothing else: the
+    rows, numbers, checks and signatures must be the page's, character for character. (The shown
+    commands print no timing or replay blob; one that does needs its own rule here.)"""
+    for path, name in ((folder.resolve(), "<tmp>"), (folder, "<tmp>"), (ROOT, "<checkout>")):
+        output = output.replace(str(path), name)
+    return "\n".join(line.rstrip() for line in output.split("\n"))
+
+
 def run_block(block: Block, folder: Path) -> None:
     write_page_files(block, folder)
     if block.lang == "python":
@@ -152,6 +176,11 @@ def run_block(block: Block, folder: Path) -> None:
                           timeout=BLOCK_TIMEOUT_S)
     assert proc.returncode == 0, (f"{block.id} exited {proc.returncode}\n--- block ---\n{block.text}"
                                   f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}")
+    shown = shown_output(block)
+    if shown is not None:
+        printed = normalized(proc.stdout, folder)
+        assert printed == normalized(shown.text, folder), (
+            f"{shown.id} is not what {block.id} prints: make the page's block this output\n{printed}")
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in TESTED])
@@ -172,6 +201,16 @@ def test_block(block: Block, tmp_path: Path) -> None:
     else:
         pytest.fail(f"{block.id}: a code block in language {block.lang!r}: use python, bash, sh, console, "
                     "toml, json, yaml, or text for output")
+
+
+def test_the_readmes_sample_failure_is_checked_against_what_its_command_prints():
+    """The README's first result is a real one: its sample is marked as the output of the command above
+    it, so ``test_block`` runs the command and compares (a marker with no executed block above it, or
+    on a block that is not ``text``, would compare nothing)."""
+    marked = [b for b in BLOCKS if b.after == SHOWS_OUTPUT]
+    shown = {s.id for b in BLOCKS if b.executed and (s := shown_output(b)) is not None}
+    assert {b.id for b in marked} == shown, "a block marked as output follows no executed block"
+    assert any(b.page == "README.md" and "FAIL" in b.text for b in marked), "the README's sample is not checked"
 
 
 def test_every_block_says_its_language_and_the_docs_have_blocks():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from harness.cases.variant import CaseSpec, Variant, declared_from_layout
-from harness.judge.checks import CHECKS, Judgement, evaluate
-from harness.run.case.effects import rank_effects
+from harness.judge.checks import CHECKS, POLICY_WORDS, Judgement, evaluate
+from harness.run.case.effects import POLICIES, rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
@@ -260,9 +260,23 @@ def test_every_legitimate_nonfinite_policy_passes_when_a_rank_holds_nothing(poli
 def test_ranks_that_hold_gradients_must_apply_the_same_policy():
     case = partial_case()
     split, _ = judge(case, [math.nan] * 3, lambda r, n, g: g.zero_() if r == 0 else g * math.nan)
-    assert failed(split) == {"nonfinite"} and "holds nothing" in split.failed[0].detail
+    assert failed(split) == {"nonfinite"}
+    assert split.failed[0].detail.endswith("per rank: 0: reported a non-finite norm and zeroed the gradients; "
+                                           "1: reported a non-finite norm and multiplied the gradients by NaN; "
+                                           "2: reported a non-finite norm and held no gradient"), split.failed[0].detail
     finite_on_empty, _ = judge(case, [math.nan, math.nan, 0.0], lambda r, n, g: g * math.nan)
     assert "nonfinite" in failed(finite_on_empty)
+
+
+def test_a_nonfinite_detail_says_in_words_what_each_rank_did():
+    """A user reads "reported a finite norm and left the gradients unchanged", never the policy names
+    ("finite/leave"): every policy the effects measure has its words."""
+    assert set(POLICY_WORDS) == set(POLICIES)
+    finite, _ = judge(partial_case(), [1.0] * 3, lambda r, n, g: g)
+    detail = next(c.detail for c in finite.failed if c.name == "nonfinite")
+    assert "0: reported a finite norm and left the gradients unchanged" in detail, detail
+    assert "2: reported a finite norm and held no gradient" in detail, detail
+    assert "/" not in detail and not any(f"{name}" in detail.split() for name in POLICIES), detail
 
 
 def test_only_a_documented_nonfinite_raise_passes_a_nonfinite_case():

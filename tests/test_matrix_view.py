@@ -5,12 +5,18 @@ Unit tests on fabricated records shaped like reporter.case_json / finish.metamor
 headless Chromium (Debian's package; .ci/install-browser installs it) that loads the page, runs its
 JS, opens a failing cell (by URL fragment, and by a click event on its button that goes through the
 page's click handler) and takes a screenshot, copied to results/report-screenshot.png when the
-checkout has a results/ folder. Without a chromium binary the browser test skips, saying so.
+checkout has a results/ folder. A second browser test renders the default matrix's page (every case
+planned at worlds 1, 2, 4, 8, a record fabricated for each) at 1280 px: screenshotted (kept in the
+test's tmp folder, its path printed on a failure, and copied to results/report-default-matrix.png),
+and measured in the page by a script (``LAYOUT_PROBE``): no sideways scrolling, every layout's label
+whole inside its column. Without a chromium binary the browser tests skip, saying so.
 """
 
 from __future__ import annotations
 
 import copy
+import html
+import json
 import re
 import shutil
 import struct
@@ -21,6 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cases.matrix import load_matrix
+from harness.commands.matrix import default_matrix_path
+from harness.plan.planner import plan_cases
 from harness.report.html import render_html, write_html
 from harness.report.summary import compact_summary
 
@@ -324,6 +333,35 @@ def test_html_deterministic_empty_and_odd_inputs(tmp_path):
     assert re.search(r"generated \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", out.read_text(encoding="utf-8"))
 
 
+def test_html_a_wide_world_is_cut_into_blocks_that_keep_every_cell_once():
+    """A world size with more layouts than a block holds (``MAX_COLUMNS``) is cut into even parts, each
+    a table with the world's head and every target's row; each cell is in one of them, and a layout's
+    header reads its label (pieces that break after = / , : -, words apart by spaces)."""
+    from harness.report.html import MAX_COLUMNS
+
+    n = 2 * MAX_COLUMNS + 2
+    labels = [f"dp_replicate={i} plan=qwen3_moe/plain,x:y {LONG}" for i in range(n)]
+    recs = [case(target, layout=label, world=4) for label in labels for target in ("reference", "torch")]
+    recs.append(case("reference", layout="dp=2 fsdp", world=2))
+    dom = _Dom(render_html(recs))
+    heads = [e for e in dom.elements if "world-head" in e["attrs"].get("class", "").split()]
+    sizes = [n // 3 + (i < n % 3) for i in range(3)]  # three parts, as even as can be
+    assert [(h["attrs"]["data-world"], h["attrs"]["data-part"], h["attrs"]["colspan"]) for h in heads] == [
+        ("2", "1", "1")] + [("4", str(i + 1), str(size)) for i, size in enumerate(sizes)]
+    assert "part 2 of 3" in _Dom.text(heads[2]) and "part" not in _Dom.text(heads[0])
+    assert len(dom.find(class_="heatmap")) == 4
+    rows = [e for e in dom.elements if e["tag"] == "tr" and "data-target" in e["attrs"]]
+    assert [r["attrs"]["data-target"] for r in rows] == ["reference", "torch"] * 4  # every target in every block
+    cells = _cells(dom)
+    assert len(cells) == len({c["attrs"]["id"] for c in cells}) == 2 * n + 1
+    layout_heads = [e for e in dom.elements if e["tag"] == "th" and "layout" in e["attrs"].get("class", "").split()]
+    assert [_Dom.text(h) for h in layout_heads] == ["dp=2 fsdp"] + labels
+    assert [h["attrs"]["title"] for h in layout_heads] == ["dp=2 fsdp"] + labels
+    page = render_html(recs)
+    assert "<span>dp_replicate=</span><wbr><span>0</span>" in page
+    assert "<span>plan=</span><wbr><span>qwen3_moe/</span><wbr><span>plain,</span><wbr><span>x:</span><wbr><span>y</span>" in page
+
+
 def test_html_ratio_near_one_shows_its_deviation():
     dom = _Dom(render_html([case("t", verdict="FAIL", ratio=1.00002, failed=[("norm", "")]),
                             case("u", verdict="PASS", ratio=1.00002)]))
@@ -401,3 +439,124 @@ def test_browser_renders_cells_and_opens_a_failing_cell(tmp_path):
     if CHECKOUT_RESULTS.is_dir():  # keep it where CI collects results; never create the folder
         shutil.copyfile(shot, CHECKOUT_RESULTS / "report-screenshot.png")
     print(f"browser test: {time.perf_counter() - start:.1f} s, screenshot {shot}")
+
+
+def default_matrix_records() -> tuple[list[dict], dict[str, list[tuple[str, str]]]]:
+    """A record per case of the default matrix on CPU (gloo) at worlds 1, 2, 4 and 8, as the planner
+    lays them out (nothing run): PASS, or FAIL at 0.707107 with a signature for every fifth case of a
+    target other than the reference. Also each scenario's (world, layout label) columns, in order.
+
+    Planned with an absolute bound, which spares computing every layout's true norm (the layouts are
+    the same); each planned case then makes a record per clip ratio of the matrix, as a run does."""
+    spec = load_matrix(default_matrix_path())
+    records, columns = [], {}
+    for world in (1, 2, 4, 8):
+        for planned in plan_cases(spec.merged({"max_norm": 1.0}), world, "gloo").cases:
+            for clip_ratio in spec.clip_ratios:
+                bad = planned.target != "reference" and (len(records) % 5 == 0)
+                records.append(case(planned.target, scenario=planned.scenario, layout=planned.variant.label,
+                                    world=world, norm=planned.norm_label, dtype=planned.injection.dtype,
+                                    verdict="FAIL" if bad else "PASS", ratio=0.707107 if bad else 1.0,
+                                    failed=[("norm", "reported/true 0.707107")] if bad else (),
+                                    signature=["0.707107 = 1/sqrt(2): a group counted once instead of ep_size "
+                                               "times"] if bad else (), index=len(records),
+                                    norm_type=planned.norm_type, max_norm=clip_ratio * 27.8, clip_ratio=clip_ratio,
+                                    seed=planned.injection.seed))
+            label = (str(world), planned.variant.label)
+            if label not in columns.setdefault(planned.scenario, []):
+                columns[planned.scenario].append(label)
+    return records, columns
+
+
+# Measures the page as laid out at the window's width, once it has loaded, and writes what it found
+# into the page (as JSON in <pre id="layout-probe">) for --dump-dom: every layout header of every
+# scenario within the window, not in a table that scrolls, its label inside its column, no piece of
+# a label (a <span> between two <wbr>) cut across lines, no two headers overlapping, and no target
+# name or cell text wider than its box.
+LAYOUT_PROBE = """<script>
+window.addEventListener('load', function () {
+  var W = window.innerWidth, out = {width: W, scrollWidth: document.documentElement.scrollWidth, sections: {}};
+  function box(el) { var r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  document.querySelectorAll('section.scenario').forEach(function (section) {
+    var found = {columns: [], problems: [], spare: W}, heads = [];
+    section.querySelectorAll('.block').forEach(function (block) {
+      var b = box(block);
+      if (block.scrollWidth > block.clientWidth) found.problems.push('a block scrolls sideways');
+      if (b[0] < 0 || b[2] > W) found.problems.push('a block outside the window: ' + b);
+      found.spare = Math.min(found.spare, W - b[2]);
+    });
+    section.querySelectorAll('th.layout').forEach(function (th) {
+      var t = box(th), label = th.querySelector('.label'), l = label ? box(label) : t;
+      var name = th.getAttribute('data-world') + ' ' + th.textContent;
+      found.columns.push([th.getAttribute('data-world'), th.textContent]);
+      heads.push([name, t]);
+      if (t[0] < 0 || t[2] > W) found.problems.push('outside the window: ' + name);
+      if (th.scrollWidth > th.clientWidth || l[0] < t[0] - 0.5 || l[2] > t[2] + 0.5)
+        found.problems.push('wider than its column: ' + name);
+      if (parseFloat(getComputedStyle(th).fontSize) < 10) found.problems.push('font under 10px: ' + name);
+      th.querySelectorAll('.word > span').forEach(function (piece) {
+        if (piece.getClientRects().length !== 1) found.problems.push('"' + piece.textContent + '" cut in ' + name);
+      });
+    });
+    for (var i = 0; i < heads.length; i++) for (var j = i + 1; j < heads.length; j++) {
+      var a = heads[i][1], c = heads[j][1];
+      if (Math.min(a[2], c[2]) - Math.max(a[0], c[0]) > 0.5 && Math.min(a[3], c[3]) - Math.max(a[1], c[1]) > 0.5)
+        found.problems.push('overlap: ' + heads[i][0] + ' / ' + heads[j][0]);
+    }
+    section.querySelectorAll('th.target, td.cell button').forEach(function (el) {
+      if (el.scrollWidth > el.clientWidth + 0.5) found.problems.push('text wider than its box: ' + el.textContent);
+    });
+    out.sections[section.getAttribute('data-scenario')] = found;
+  });
+  var pre = document.createElement('pre');
+  pre.id = 'layout-probe';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+WIDTH = 1280
+SCROLLBAR = 16
+"""A classic vertical scrollbar's width (headless Chromium hides it): the widest block leaves this much."""
+
+
+@needs_chromium
+def test_browser_default_matrix_page_reads_at_1280px_without_scrolling_sideways(tmp_path):
+    """The default matrix's page (xorl_ep_lora's forty-odd layouts at worlds 1-8, labels up to 75
+    characters) in Chromium at 1280 px: the page never scrolls sideways, every layout's header is in
+    the window with its label whole inside its column, and the screenshot shows it (printed where it
+    is)."""
+    records, columns = default_matrix_records()
+    assert len(columns["xorl_ep_lora"]) >= 25 and max(len(label) for _, label in columns["xorl_ep_lora"]) > 60
+    page = tmp_path / "report.html"
+    write_html(records, page, title="clipcheck default matrix (test)", generated="2025-01-02 03:04:05 UTC")
+    profile = tmp_path / "chromium-profile"
+    shot = tmp_path / "report-default-matrix.png"
+    _chromium(page.resolve().as_uri(), profile, f"--screenshot={shot}", f"--window-size={WIDTH},2400")
+    where = f"(the page: {page}; its screenshot at {WIDTH} px: {shot})"
+    assert shot.is_file() and _png_size(shot) == (WIDTH, 2400), where
+    assert shot.stat().st_size > 60_000, f"an empty-looking screenshot {where}"
+    if CHECKOUT_RESULTS.is_dir():  # keep it where CI collects results; never create the folder
+        shutil.copyfile(shot, CHECKOUT_RESULTS / "report-default-matrix.png")
+
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", LAYOUT_PROBE + "</body>"), encoding="utf-8")
+    dom = _chromium(probed.resolve().as_uri(), profile, "--dump-dom", f"--window-size={WIDTH},2400")
+    match = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom, re.S)
+    assert match, f"the probe did not run {where}"
+    found = json.loads(html.unescape(match.group(1)))
+    assert found["width"] == WIDTH, where
+    assert found["scrollWidth"] <= WIDTH, f"the page scrolls sideways: {found['scrollWidth']} px {where}"
+    assert set(found["sections"]) == set(columns), where
+    problems = []
+    for scenario, planned in columns.items():
+        section = found["sections"][scenario]
+        if sorted(map(tuple, section["columns"])) != sorted(planned):
+            problems.append(f"{scenario}: the columns are not the planned layouts")
+        if section["spare"] < SCROLLBAR:
+            problems.append(f"{scenario}: a block ends {section['spare']:.0f} px from the window's edge")
+        problems += [f"{scenario}: {problem}" for problem in section["problems"]]
+    assert not problems, "\n".join(problems[:40]) + f"\n{len(problems)} problems {where}"
+    xorl = found["sections"]["xorl_ep_lora"]["columns"]
+    assert [tuple(c) for c in xorl] == columns["xorl_ep_lora"]  # its columns in the planned order
+    print(f"default matrix page: {len(records)} cases, xorl_ep_lora {len(xorl)} columns; screenshot {shot}")

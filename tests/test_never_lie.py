@@ -129,6 +129,29 @@ def test_an_interrupted_run_records_the_case_in_flight_and_a_summary(tmp_path, l
         assert proc.returncode != 0
 
 
+def test_an_interrupted_runs_two_summary_lines_agree_on_the_metamorphic_groups(tmp_path):
+    """After SIGINT, rank 0's summary and the launcher's line over every planned case say the same counts,
+    metamorphic groups included (the launcher once recounted the case records alone: "metamorphic
+    groups: 0" under rank 0's 2), and so does the file's summary. Every dense_dp layout: the reference
+    of three layouts is judged before the stop, so there are groups to count."""
+    results = tmp_path / "results.jsonl"
+    proc = start_harness(["run", "--nproc", "2", "--scenario", "dense_dp", "--dtype", "fp32", "--norm-type", "2",
+                          "--clip-ratio", "0.5", "--target", f"reference,{FAULTS}:slow_reference", "--timeout", "600",
+                          "--json", str(results)], CLIPCHECK_TEST_SLEEP="2")
+    wait_until(lambda: sum(r.get("type") == "case" and r.get("target") == "reference" for r in jsonl(results)) >= 3,
+               240, "three layouts' reference cases")
+    out, err = _stop(proc, signal.SIGINT)
+    assert proc.returncode == 128 + signal.SIGINT, out + err
+    printed = (out + err).splitlines()
+    rank0 = [line.removeprefix("summary: ") for line in printed if line.startswith("summary: ")]
+    launcher = [line.split("results written for every planned case: ", 1)[1] for line in printed
+                if line.startswith("clipcheck run: interrupted by SIGINT")]
+    assert len(rank0) == 1 and rank0 == launcher, out + err
+    summary = jsonl(results)[-1]
+    assert summary["type"] == "summary" and summary["metamorphic_groups"] >= 1, summary
+    assert f"metamorphic groups: {summary['metamorphic_groups']}, {summary['metamorphic_failed']} failed" in rank0[0]
+
+
 # -- a full disk is one line and its own status ----------------------------------------------------------
 def test_a_full_disk_is_one_line_and_its_own_status(tmp_path):
     """--json / --junit on a full disk (here /dev/full, through links): every verdict is printed, each

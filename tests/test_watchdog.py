@@ -7,21 +7,38 @@ from __future__ import annotations
 import os
 import time
 
-from harness.run.guards.watchdog import watched
+from harness.run.guards.watchdog import HungStack, watched
 
 
 def test_a_call_that_finishes_in_time_is_not_reported_and_a_hang_is_with_its_stack():
-    reports: list[str] = []
+    reports: list[HungStack] = []
     for _ in range(200):  # many short calls: each disarms its own deadline, none leaks into the next
         with watched(0.5, reports.append):
             pass
     with watched(0.2, reports.append):
         time.sleep(0.8)
-    assert len(reports) == 1 and "time.sleep" in reports[0], reports
+    assert len(reports) == 1 and "time.sleep" in reports[0].text(), reports
+
+
+def _stuck() -> None:
+    time.sleep(0.8)
+
+
+def test_a_hangs_stack_says_which_of_its_frames_are_the_watched_bodys():
+    """The frames below the ``with`` statement are the body's: what a report leads with (the rest is
+    pytest's, or a launcher's)."""
+    reports: list[HungStack] = []
+    with watched(0.2, reports.append):
+        _stuck()
+    (stack,) = reports
+    assert [f.name for f in stack.body] == ["_stuck"]
+    assert stack.frames[stack.body_at - 1].name == "test_a_hangs_stack_says_which_of_its_frames_are_the_watched_bodys"
+    assert len(stack.frames) > len(stack.body) + 5  # pytest's frames above it
+    assert stack.text().endswith("time.sleep(0.8)")  # innermost last, as a traceback
 
 
 def test_the_call_after_a_hang_is_watched_again():
-    reports: list[str] = []
+    reports: list[HungStack] = []
     with watched(0.1, reports.append):
         time.sleep(0.4)
     with watched(0.1, reports.append):
@@ -34,7 +51,7 @@ def test_a_forked_child_has_a_working_watchdog():
         pass
     pid = os.fork()
     if pid == 0:  # the child: its copy of the watchdog must not think the parent's thread is its own
-        reports: list[str] = []
+        reports: list[HungStack] = []
         with watched(0.2, reports.append):
             time.sleep(0.8)
         os._exit(0 if reports else 1)

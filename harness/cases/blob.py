@@ -117,6 +117,8 @@ def variant_doc(variant: Variant) -> dict[str, Any]:
     }
     if injection.zero_on:
         doc["injection"]["zero_on"] = {n: sorted(r) for n, r in injection.zero_on}
+    if variant.dtensor_axes:  # absent: every DTensor on the whole mesh (what files written before it mean)
+        doc["dtensor_axes"] = {n: [list(dim) for dim in dims] for n, dims in variant.dtensor_axes.items()}
     return doc
 
 
@@ -141,7 +143,13 @@ def variant_from_doc(doc: Mapping[str, Any], world: int | None = None) -> Varian
                 for n, axes in _dict(doc["declared"], "declared").items()}
     return Variant(_name(doc["label"], "label"), Layout(mesh, params), injection, declared,
                    dtensor=_bool(doc.get("dtensor", False), "dtensor"),
-                   plain=frozenset(_list(doc.get("plain", []), "plain", lambda n: _name(n, "a parameter name"))))
+                   plain=frozenset(_list(doc.get("plain", []), "plain", lambda n: _name(n, "a parameter name"))),
+                   dtensor_axes={_name(n, "a parameter name"): tuple(_list(dims, "a sub-mesh", _dim))
+                                 for n, dims in _dict(doc.get("dtensor_axes", {}), "dtensor_axes").items()})
+
+
+def _dim(x: Any) -> tuple[str, ...]:
+    return tuple(_list(x, "a sub-mesh dim", lambda a: _name(a, "a mesh axis name")))
 
 
 def _rank_sets(x: Any, what: str) -> tuple[tuple[str, frozenset[int]], ...]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import Any, Iterable
 from harness.errors import ClipcheckInputError
 
 
@@ -18,6 +19,17 @@ def is_import_path(text: str) -> bool:
     """Whether a target or scenario name is a ``module:attr`` / ``file.py:attr`` string to load,
     rather than the name of a built-in (built-in names never contain a colon)."""
     return ":" in text
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str], attr: str) -> LoadError:
+    """The error for a ``kind`` (target, scenario) named ``name`` that is neither registered nor a
+    ``module:attr`` reference: the registered names are many, so a mistyped one gets the closest of
+    them first (``did you mean 'reference'?``), before the whole list."""
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" did you mean {close[0]!r}? It is" if close else ""
+    return LoadError(f"unknown {kind} {name!r}:{hint} not one of {', '.join(names)}, and not of the form "
+                     f"module:{attr} or path/to/file.py:{attr}")
 
 
 def load_object(reference: str) -> Any:

@@ -17,6 +17,9 @@ norm types, every valid EP size, whatever world size and backend the launch has.
     max_norm    = 0.5                # an absolute bound instead of clip_ratios
     backends    = ["gloo", "nccl"]
     seed        = 0
+    variant     = ["ep=2"]           # only layouts whose label matches one of these (a string: one)
+    exclude     = ["nan"]            # no layout whose label matches one of these
+    parallelism = ["ep", "fsdp"]     # only layouts built from these kinds (cases.parallelism)
     synthetic   = false              # also run the frameworks' synthetic (regression) layouts
     plans       = "all"              # "honest": every declared plan replaced by the truth
 """
@@ -34,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 from harness.cases.variant import parse_norm_type
 from harness.cases.layout import LayoutError
+from harness.cases.parallelism import KINDS
 
 DEFAULT_CLIP_RATIOS = (0.5, 2.0)
 """A bound below the true norm (clipping happens) and one above it (the no-clip branch)."""
@@ -51,7 +55,9 @@ class MatrixSpec:
     max_norm: float | None = None
     backends: tuple[str, ...] = ()
     seed: int = 0
-    variant: str | None = None
+    variant: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    parallelism: tuple[str, ...] = ()
     synthetic: bool = False
     plans: str = "all"
 
@@ -145,9 +151,14 @@ class Axis:
     help: str
     from_text: Callable[[str], Any] = str  # command-line text -> the value ``item`` checks
     switch: bool = False  # a flag without a value (``--synthetic``): present means True
+    repeat: bool = False
+    """A list whose flag is given once per value, never split on commas (a layout label may hold one);
+    in a file, a lone string is a list of one (``variant = "replicated"``)."""
 
     def parse_file_value(self, raw: Any, source: str) -> Any:
         try:
+            if self.repeat and isinstance(raw, str):
+                raw = [raw]
             if self.many:
                 if not isinstance(raw, list):
                     raise ValueError(f"expected a list, got {type(raw).__name__} {raw!r}")
@@ -161,7 +172,7 @@ class Axis:
 
     def parse_flag(self, text: str) -> Any:
         try:
-            if self.many:
+            if self.many and not self.repeat:
                 return tuple(self.item(self.from_text(part.strip())) for part in text.split(",") if part.strip())
             return self.item(self.from_text(text))
         except (TypeError, ValueError, LayoutError) as exc:
@@ -184,7 +195,15 @@ AXES: tuple[Axis, ...] = (
          float),
     Axis("backends", (), _backend, True, "backends the matrix applies to"),
     Axis("seed", ("--seed",), _strict(int), False, "seed of the gradient values (default 0)", int),
-    Axis("variant", ("--variant",), _text, False, "run only layout variants whose label contains this text; =LABEL: that one layout exactly"),
+    Axis("variant", ("--variant",), _text, True,
+         "run only layout variants whose label contains this text (* and ? as in shell patterns; =LABEL: that one "
+         "layout exactly); repeat the flag for several, a layout matching any of them runs", repeat=True),
+    Axis("exclude", ("--exclude",), _text, True,
+         "leave out layout variants whose label matches this text, as --variant matches; repeat the flag for "
+         "several", repeat=True),
+    Axis("parallelism", ("--parallelism",), _text, True,
+         f"run only the layouts built from these kinds of parallelism, comma separated: {', '.join(KINDS)} "
+         "(default: every layout)"),
     Axis("synthetic", ("--synthetic",), _boolean, False,
          "also run the frameworks' adapters and your own targets on synthetic layouts: regression layouts no known "
          "trainer path reaches (the harness's own targets run them always)", switch=True),
@@ -195,18 +214,26 @@ AXES: tuple[Axis, ...] = (
 _BY_KEY = {axis.key: axis for axis in AXES}
 
 
-def add_axis_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per axis that has one (their destinations are the axis keys)."""
+def add_axis_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per axis that has one (their destinations are the axis keys); ``only``: those axes'
+    alone (a command that plans layouts, not cases, takes no bounds or targets)."""
     for axis in AXES:
-        if axis.flags and axis.switch:
+        if not axis.flags or (only is not None and axis.key not in only):
+            continue
+        if axis.switch:
             parser.add_argument(*axis.flags, dest=axis.key, action="store_const", const=True, default=None,
                                 help=axis.help)
-        elif axis.flags:
+        elif axis.repeat:
+            parser.add_argument(*axis.flags, dest=axis.key, type=axis.parse_flag, action="append", default=None,
+                                help=axis.help)
+        else:
             parser.add_argument(*axis.flags, dest=axis.key, type=axis.parse_flag, default=None, help=axis.help)
 
 
 def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {axis.key: getattr(args, axis.key) for axis in AXES if axis.flags}
+    """The axes the flags set (None: not given); a repeated flag's values as one tuple."""
+    values = {axis.key: getattr(args, axis.key, None) for axis in AXES if axis.flags}
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in values.items()}
 
 
 def load_matrix(path: str) -> MatrixSpec:

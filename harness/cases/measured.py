@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from harness.cases.axes import MeshAxis
 from harness.cases.injection import DTYPES, Injection
 from harness.cases.layout import Layout, LayoutError, MeshSpec, ParamSpec, Piece, Placement, Replicate, Shard
-from harness.cases.variant import Variant
+from harness.cases.variant import DTensorAxes, Variant, sub_mesh_problem, whole_mesh_dims
 
 SCENARIO = "audit"
 """The scenario name measured cases are reported under."""
@@ -121,10 +121,12 @@ def world_mesh(world_size: int) -> MeshSpec:
 
 def measured_variant(records: Sequence[Mapping[str, Any]], tokens: Mapping[tuple[int, str], str],
                      mesh: MeshSpec, declared: Mapping[str, Mapping[str, Placement]],
-                     distinct: Mapping[str, Mapping[str, bool]]) -> Variant:
+                     distinct: Mapping[str, Mapping[str, bool]], spans: DTensorAxes) -> Variant:
     """The measured case as a ``Variant``: the layout of ``Piece``s (see the module docstring), its
     injection, and a declared plan: the DTensor parameters' own placements (``declared``), and for
-    every other parameter what was measured (nothing was declared, so nothing contradicts it)."""
+    every other parameter what was measured (nothing was declared, so nothing contradicts it). The
+    DTensor parameters stay DTensors where ``not_as_dtensors`` allows, each on the sub-mesh of the
+    axes ``spans`` says its mesh spanned (``Variant.dtensor_axes``; the whole mesh left unnamed)."""
     world = len(records)
     held = {(h.rank, h.name): h for h in holdings(records)}
     names = parameter_names(records)
@@ -169,7 +171,72 @@ def measured_variant(records: Sequence[Mapping[str, Any]], tokens: Mapping[tuple
                    Shard(0) if distinct.get(axis, {}).get(name) else Replicate() for axis in mesh.names}
             for name in names}
     label = f"{mesh.describe()} measured: {len(names)} params, {len(starts) - _unheld(starts)} gradients"
-    return Variant(label, layout, injection, plan)
+    dtensor = not_as_dtensors(layout, declared, spans) is None
+    plain = frozenset(n for n in names if n not in declared) if dtensor else frozenset()
+    whole = whole_mesh_dims(mesh.names)
+    sub = {n: spans[n] for n in declared if spans[n] != whole} if dtensor else {}
+    return Variant(label, layout, injection, plan, dtensor=dtensor, plain=plain, dtensor_axes=sub)
+
+
+def spans_from(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[tuple[str, ...], ...]]:
+    """Each DTensor parameter's mesh dims as the axes each spans (``job_mesh``), where every rank that
+    declared it mapped its mesh, and mapped it the same way: a parameter left out is on a mesh the job's
+    does not hold as a sub-mesh, which ``not_as_dtensors`` refuses."""
+    seen: dict[str, set[tuple[tuple[str, ...], ...] | None]] = {}
+    for rec in records:
+        for name in rec["declared"]:
+            dims = rec.get("spans", {}).get(name)
+            seen.setdefault(name, set()).add(None if dims is None else tuple(tuple(dim) for dim in dims))
+    return {name: dims for name, ways in seen.items() if len(ways) == 1 for dims in ways if dims is not None}
+
+
+def not_as_dtensors(layout: Layout, declared: Mapping[str, Mapping[str, Placement]], spans: DTensorAxes
+                    ) -> str | None:
+    """Why the measured layout cannot hold its DTensor parameters as DTensors (None: it can). A replay
+    builds them as ``harness.cases.model`` builds any DTensor variant's: on every rank, placed as declared,
+    each on the sub-mesh of the job's mesh its own mesh spanned (``spans``), so torch's clip sees as many
+    meshes as the job had; a parameter whose mesh is not such a sub-mesh (``spans`` leaves it out), or one
+    torch cannot slice from the case's mesh, would be given a mesh it never had."""
+    if layout.mesh.names == (MeshAxis.WORLD.value,):
+        return "the job's mesh is unknown (harness.audit saw no DTensor parameter and was given no mesh=)"
+    if not declared:
+        return "the job held no DTensor parameters"
+    partial = _partial(layout, declared)
+    if partial:
+        return f"DTensor parameters held by some ranks only: {_some(partial)}"
+    unmapped = [name for name in declared if name not in spans]
+    if unmapped:
+        return f"DTensor parameters on a mesh that is not a sub-mesh of the job's mesh: {_some(unmapped)}"
+    for name in declared:
+        problem = sub_mesh_problem(layout.mesh.names, spans[name])
+        if problem:
+            return f"the sub-mesh of DTensor parameter {name} cannot be sliced from the job's mesh: {problem}"
+    return None
+
+
+def dtensor_replay_problem(variant: Variant) -> str | None:
+    """Why a target that wraps every parameter as a DTensor over the whole mesh (``Target.dtensor_only``)
+    cannot replay this measured layout (None: it can): its parameters are not DTensors there (see
+    ``not_as_dtensors``: an audit file keeps only the outcome), or some are held by some ranks only."""
+    layout = variant.layout
+    if layout.mesh.names == (MeshAxis.WORLD.value,):
+        return not_as_dtensors(layout, {}, {})
+    if not variant.dtensor:
+        return ("its gradients were not DTensors a replay can rebuild (plain tensors, or DTensors on a mesh that is "
+                "not a sub-mesh of the job's: the audit's notes say which)")
+    partial = _partial(layout, [spec.name for spec in layout])
+    return f"parameters held by some ranks only: {_some(partial)}" if partial else None
+
+
+def _partial(layout: Layout, names: Iterable[str]) -> list[str]:
+    """Of ``names``, the parameters some rank of the layout does not hold."""
+    world = layout.mesh.world_size
+    return [name for name in names
+            if (ranks := layout.param(name).present_ranks) is not None and len(ranks) < world]
+
+
+def _some(names: Sequence[str], limit: int = 3) -> str:
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
 def _unheld(starts: Mapping[str, Piece]) -> int:

@@ -23,15 +23,32 @@ from torch.distributed.tensor import Shard as TorchShard
 from harness.clipmath import local_tensor
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Placement, Shard
+from harness.cases.variant import DTensorAxes, whole_mesh_dims
 
 
 def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:
     """Our placements, in mesh-axis order, as torch DTensor placements."""
+    return dims_placements(placements, whole_mesh_dims(mesh.names))
+
+
+def dims_placements(placements: Mapping[str, Placement], dims: tuple[tuple[str, ...], ...]) -> tuple:
+    """Our placements as torch's, one per DTensor mesh dim: a dim's axes (several where it is flattened)
+    share its one placement, so its first axis's says it."""
     out = []
-    for axis in mesh.names:
-        p = placements.get(axis)
+    for dim in dims:
+        p = placements.get(dim[0])
         out.append(TorchShard(p.dim) if isinstance(p, Shard) else TorchReplicate())
     return tuple(out)
+
+
+def dtensor_mesh(mesh: DeviceMesh, dims: tuple[tuple[str, ...], ...]) -> DeviceMesh:
+    """The sub-mesh of ``mesh`` whose dims span ``dims`` (``Variant.dtensor_axes``): sliced by axis names
+    as a training script slices it, one dim of several axes flattened (torch keeps one flattened mesh
+    per name, so every parameter on it shares it, as in the job)."""
+    if len(dims) == 1 and len(dims[0]) > 1:
+        return mesh[dims[0]]._flatten("_".join(dims[0]))
+    names = tuple(dim[0] for dim in dims)
+    return mesh if names == mesh.mesh_dim_names else mesh[names]
 
 
 def parameter_values(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -81,10 +98,11 @@ def build_model(
     mesh: DeviceMesh | None = None,
     dtensor_placements: Mapping[str, Mapping[str, Placement]] | None = None,
     plain: frozenset[str] = frozenset(),
+    dtensor_axes: DTensorAxes | None = None,
 ) -> nn.Module:
-    """The rank-local model. With ``dtensor_placements``, parameters are DTensors on ``mesh`` with
-    those (declared) placements, except the ones in ``plain``; otherwise plain tensors. Absent
-    parameters are simply not there."""
+    """The rank-local model. With ``dtensor_placements``, parameters are DTensors on ``mesh`` (on the
+    sub-mesh ``dtensor_axes`` names for a parameter, if any) with those (declared) placements, except the
+    ones in ``plain``; otherwise plain tensors. Absent parameters are simply not there."""
     root = nn.Module()
     for spec in layout:
         if layout.local_box(spec, rank) is None:
@@ -93,8 +111,9 @@ def build_model(
                                 device)
         if dtensor_placements is not None and spec.name not in plain:
             assert mesh is not None
-            placements = torch_placements(dtensor_placements.get(spec.name, {}), layout.mesh)
-            data = DTensor.from_local(data, mesh, placements, run_check=False)
+            dims = (dtensor_axes or {}).get(spec.name, whole_mesh_dims(layout.mesh.names))
+            placements = dims_placements(dtensor_placements.get(spec.name, {}), dims)
+            data = DTensor.from_local(data, dtensor_mesh(mesh, dims), placements, run_check=False)
         _install(root, spec.name, nn.Parameter(data, requires_grad=spec.trainable))
     return root
 

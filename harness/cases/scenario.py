@@ -53,6 +53,7 @@ class Scenario(ABC):
             mesh=mesh,
             dtensor_placements=variant.declared if variant.dtensor else None,
             plain=variant.plain,
+            dtensor_axes=variant.dtensor_axes,
         )
 
     def dress(self, model: nn.Module, variant: Variant) -> None:

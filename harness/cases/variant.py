@@ -19,6 +19,36 @@ DeclaredPlan = Mapping[str, Mapping[str, Placement]]
 
 Info = TypeVar("Info")
 
+DTensorAxes = Mapping[str, tuple[tuple[str, ...], ...]]
+"""Per DTensor parameter: its DTensor's mesh dims, each as the axes of the case's mesh it spans (several:
+those axes flattened into one dim)."""
+
+
+def whole_mesh_dims(names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The dims of a DTensor on the whole mesh: one per axis, in the mesh's order."""
+    return tuple((axis,) for axis in names)
+
+
+def sub_mesh_problem(names: tuple[str, ...], dims: tuple[tuple[str, ...], ...]) -> str | None:
+    """Why ``dims`` cannot be built as a sub-mesh of a DeviceMesh with axes ``names`` (None: it can). Torch
+    slices a mesh by axes in the mesh's own order, each once, and flattens axes that are adjacent; a
+    flattened dim beside others would need slicing a flattened dim from the root mesh, which torch
+    deprecates, so that is refused too."""
+    axes = [axis for dim in dims for axis in dim]
+    if not dims or any(not dim for dim in dims):
+        return "it spans no axes"
+    unknown = [axis for axis in axes if axis not in names]
+    if unknown:
+        return f"it spans axes the mesh does not have: {', '.join(map(str, unknown))}"
+    order = [names.index(axis) for axis in axes]
+    if any(b <= a for a, b in zip(order, order[1:])):
+        return "its dims are not axes of the mesh in the mesh's order, each once"
+    if len(dims) > 1 and any(len(dim) > 1 for dim in dims):
+        return "a dim of it flattens several axes beside other dims"
+    if len(dims) == 1 and len(dims[0]) > 1 and order[-1] - order[0] != len(order) - 1:
+        return "its one dim flattens axes that are not adjacent"
+    return None
+
 
 def declared_from_layout(layout: Layout) -> dict[str, dict[str, Placement]]:
     """A plan that tells the truth: the layout's own placements, every mesh axis spelled out."""
@@ -61,7 +91,11 @@ class Variant:
 
     ``dtensor``: the parameters are DTensors placed as declared, except those named in ``plain``, which
     stay plain tensors: a model whose TP plan leaves some modules unplanned (transformers, accelerate)
-    holds both kinds at once, and a clip must count both.
+    holds both kinds at once, and a clip must count both. ``dtensor_axes``: the DTensor parameters that live
+    on a sub-mesh of the case's mesh (a measured job's experts on ``ep_fsdp``, its dense parameters on a
+    flattened mesh of every rank), each as the axes its mesh dims span; a DTensor parameter it does not name
+    is on the whole mesh, as are all of them when it is empty. Torch's clip sees one mesh per parameter,
+    and how many distinct meshes there are changes what it does, so a replay must keep them.
 
     ``synthetic``: why no known path of the scenario's framework reaches this layout (its trainer's
     hooks make these gradients replicas, say), or None for a layout its users meet. A synthetic layout
@@ -82,6 +116,7 @@ class Variant:
     invariance_key: str | None = None
     dtensor: bool = False
     plain: frozenset[str] = frozenset()
+    dtensor_axes: DTensorAxes = field(default_factory=dict)
     ep_size: int | None = None
     info: Any = None
     synthetic: str | None = None
@@ -105,13 +140,28 @@ class Variant:
         if unknown_plain or (self.plain and not self.dtensor):
             raise LayoutError(f"variant {self.label!r}: plain parameters {sorted(self.plain)} need a DTensor variant "
                               f"naming its own parameters (unknown: {unknown_plain})")
+        self._check_dtensor_axes()
         if self.dtensor:
-            partial = [s.name for s in self.layout if s.present_ranks is not None and s.name not in self.plain]
+            world = self.layout.mesh.world_size  # a measured parameter names its ranks even when it is on all
+            partial = [s.name for s in self.layout
+                       if s.present_ranks is not None and len(s.present_ranks) < world and s.name not in self.plain]
             if partial:
                 raise LayoutError(
                     f"variant {self.label!r}: DTensor parameters must exist on every rank, "
                     f"but {partial} are present on some ranks only"
                 )
+
+
+    def _check_dtensor_axes(self) -> None:
+        """Each sub-mesh parameter a DTensor of this variant, on a sub-mesh its mesh can build."""
+        stray = sorted(n for n in self.dtensor_axes if n in self.plain or n not in {s.name for s in self.layout})
+        if stray or (self.dtensor_axes and not self.dtensor):
+            raise LayoutError(f"variant {self.label!r}: sub-mesh parameters {sorted(self.dtensor_axes)} need a DTensor "
+                              f"variant naming its own DTensor parameters (not: {stray})")
+        for name, dims in self.dtensor_axes.items():
+            problem = sub_mesh_problem(self.layout.mesh.names, dims)
+            if problem:
+                raise LayoutError(f"variant {self.label!r}: the sub-mesh of {name} cannot be built: {problem}")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from harness.commands.rendezvous import launch_config
 from harness.errors import ClipcheckInputError
 from harness.judge.checks import unjudged_result
 from harness.judge.records import CaseRecord, case_records, read_records
-from harness.judge.verdicts import EXIT_BROKEN, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged, worst
+from harness.judge.verdicts import EXIT_BROKEN, EXIT_OUTPUT, EXIT_USAGE, is_unjudged, worst
 from harness.report.finish import finish_run
 from harness.report.reporter import case_json
 from harness.run.world.devices import world_problem
@@ -395,11 +395,13 @@ def _run(plan: Plan, spec: dict[str, Any], args: argparse.Namespace, backend: st
     # failed is left as the failure left it
     done = finish_run([(ordered, backend)], None if copied else args.json, args.junit, problems=[copied])
     status = worst(status, done.exit_status())
+    # the counts of the files just written (cases and metamorphic groups), as rank 0's summary line has
+    # them: a count of the case records alone would say 0 groups under rank 0's N
     if launches.interrupted is not None:
         print(f"clipcheck run: interrupted by {signal.Signals(launches.interrupted).name}; results written for "
-              f"every planned case: {count(ordered).line()}", flush=True)
+              f"every planned case: {done.counts.line()}", flush=True)
         return 128 + launches.interrupted
     if launches.resumes or any(is_unjudged(r) for r in ordered):
         print(f"clipcheck run: {launches.resumes} relaunch(es); summary over every planned case: "
-              f"{count(ordered).line()}", flush=True)
+              f"{done.counts.line()}", flush=True)
     return worst(status, EXIT_BROKEN if any(is_unjudged(r) for r in ordered) else 0)

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "compat": "harness.commands.compat",
     "fuzz": "harness.commands.fuzz",
     "catalogue": "harness.commands.catalogue",
+    "layouts": "harness.commands.layouts",
 }
 
 
@@ -27,6 +28,7 @@ SUMMARIES = {
     "fuzz": "hypothesis over drawn layouts against clip functions, on a warm world",
     "compat": "the real frameworks' compatibility table from results; --sweep FRAMEWORK over its releases",
     "catalogue": "every known clipping mistake against its fixed scenario and the fuzzer",
+    "layouts": "what a clip is handed on each selected layout (parameters, DTensor or plain, placements); no process",
 }
 
 

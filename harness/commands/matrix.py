@@ -47,6 +47,7 @@ from harness.report.safe_text import one_line
 from harness.report.summary import compact_summary
 from harness.errors import UsageError
 from harness.plan.planner import Plan, plan_cases
+from harness.plan.selection import emptied_across_worlds
 from harness.judge.records import CaseRecord, MetamorphicRecord, case_records, read_records
 from harness.report.reporter import case_json
 from harness.judge.verdicts import EXIT_BROKEN, EXIT_NOTHING_JUDGED, EXIT_OUTPUT, EXIT_USAGE, count, is_unjudged
@@ -254,6 +255,8 @@ def _run_all(args: argparse.Namespace, out: Path, launches: list[Launch], skippe
              spec: MatrixSpec) -> int:
     for line in skipped:
         print(f"skipped: {line}", flush=True)
+    for line in emptied_across_worlds([entry for launch in launches for entry in launch.plan.emptied]):
+        print(f"note: {line}", flush=True)
     spec_path = out / "matrix.json"
     spec_path.write_text(json.dumps(spec.to_mapping(), indent=1))
 

@@ -19,7 +19,7 @@ DEFAULT_TIMEOUT_S = 60.0
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:
     """What to run: the matrix axes (``matrix.AXES``). Shared by every command that plans cases."""
-    p.add_argument("--matrix", metavar="PATH", default=None, help="matrix file (TOML or JSON); flags override it")
+    _add_matrix_option(p)
     add_axis_flags(p)
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds a collective may block before the case fails (default: [tool.clipcheck] timeout, "
@@ -29,6 +29,20 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
                         "the weight it gives each: auto (the default) weighs each layout, target, norm and dtype "
                         "once and reuses it for the same failing norm under another bound; --blame (all) weighs "
                         "every failing case afresh; --blame off never (costs one run per parameter group)")
+
+
+LAYOUT_AXES = ("scenarios", "ep_sizes", "dtypes", "seed", "variant", "exclude", "parallelism", "plans", "synthetic")
+"""The axes that choose layouts, as against cases (targets, bounds, norms): ``clipcheck layouts``'s flags."""
+
+
+def add_layout_selection_options(p: argparse.ArgumentParser) -> None:
+    """Which layouts: ``--matrix`` and the flags of ``LAYOUT_AXES``."""
+    _add_matrix_option(p)
+    add_axis_flags(p, only=LAYOUT_AXES)
+
+
+def _add_matrix_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", metavar="PATH", default=None, help="matrix file (TOML or JSON); flags override it")
 
 
 def add_spawn_ranks_option(p: argparse.ArgumentParser) -> None:

@@ -57,7 +57,7 @@ def audit_plan(path: str, targets: Sequence[str] | None, world_size: int | None,
                max_norm: float | None = None) -> tuple[Plan, AuditFile]:
     """The plan of ``--from-audit PATH``: the measured case once per ``--target`` (a file names no target:
     it comes from the command line), at the world size the audit ran on; bad input as one line."""
-    from harness.cases.measured import SCENARIO, measured_scenario, read_audit
+    from harness.cases.measured import SCENARIO, dtensor_replay_problem, measured_scenario, read_audit
 
     saved = read_audit(path)
     if not targets:
@@ -72,8 +72,10 @@ def audit_plan(path: str, targets: Sequence[str] | None, world_size: int | None,
         if target.scenarios is not None:
             raise UsageError(f"target {name} runs with {', '.join(target.scenarios)} only, not a measured layout "
                              "(a framework's adapter needs its own model: audit the framework in its own job)")
-        if target.dtensor_only:
-            raise UsageError(f"target {name} needs DTensor parameters; a measured layout is replayed on plain ones")
+        problem = dtensor_replay_problem(saved.variant) if target.dtensor_only else None
+        if problem is not None:
+            raise UsageError(f"target {name} needs DTensor parameters on every rank, which this measured layout "
+                             f"cannot replay: {problem}")
     bound = max_norm if max_norm is not None else saved.max_norm
     cases = [CaseSpec(i, SCENARIO, saved.variant, name, saved.norm_type, bound, resolved[name].unavailable())
              for i, name in enumerate(resolved)]

@@ -189,7 +189,7 @@ def execute(world: DistWorld, plan: Plan, args: argparse.Namespace, backend: str
     progress = Progress(len(plan.cases), enabled=bool(rank == 0 and (
         args.progress if args.progress is not None else sys.stderr.isatty())))
     if reporter:
-        header_notes = plan.notes + plan.drop_lines()
+        header_notes = plan.header_lines()
         if args.start_at:
             header_notes.append(f"resuming at case {args.start_at}")
         reporter.header(len([c for c in plan.cases if c.index >= args.start_at]), header_notes)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
-from harness.judge.records import CaseResult, GroupWeight
+from harness.judge.records import CaseResult, GroupWeight, Replication, StatsTable
 from harness.cases.variant import CaseSpec, bound_label
 
 
@@ -60,6 +60,49 @@ def parameter_groups(names: Sequence[str],
         where = "" if ranks is None else f" (ranks {', '.join(map(str, sorted(ranks)))})"
         groups.setdefault(group_name(name) + where, []).append(name)
     return groups
+
+
+def tied_groups(groups: Mapping[str, Sequence[str]],
+               classes: Mapping[str, Sequence[str | None]]) -> dict[str, list[str]]:
+    """``groups`` merged wherever one class of bits (``Replication.classes``) has holdings in two of them (a
+    weight tied between the first and the last pipeline stage: ``embed (ranks 0) + head (ranks 3)``), so that
+    each class lies in one group and the groups' true p-th powers add up to the case's."""
+    owner: dict[str, str] = {}  # class key -> the group that holds it first
+    merged: dict[str, str] = {group: group for group in groups}
+
+    def find(group: str) -> str:
+        while merged[group] != group:
+            group = merged[group]
+        return group
+
+    for group, params in groups.items():
+        for name in params:
+            for key in classes.get(name, ()):
+                if key is None:
+                    continue
+                first = owner.setdefault(key, group)
+                a, b = find(first), find(group)
+                if a != b:
+                    merged[b] = a
+    out: dict[str, list[str]] = {}
+    names: dict[str, list[str]] = {}
+    for group, params in groups.items():
+        root = find(group)
+        out.setdefault(root, []).extend(params)
+        names.setdefault(root, []).append(group)
+    return {" + ".join(names[root]): params for root, params in out.items()}
+
+
+def group_tables(stats: StatsTable, pre: Replication, group: Collection[str]) -> tuple[StatsTable, Replication]:
+    """The statistics and classes of the case with only ``group``'s gradients (every other one zero): a
+    class's holdings outside the group become keys of their own, so the group's truth counts each class
+    it holds once (a copy tied under a name outside the group was zero)."""
+    classes = pre.classes or {}
+    sub_stats = StatsTable(stats.names, stats.numel, stats.itemsize,
+                           [[v if n in group else 0.0 for n, v in zip(stats.names, row)] for row in stats.pow_sum])
+    sub_pre = Replication(pre.distinct, {n: [k if n in group or k is None else f"zeroed|{r}|{n}"
+                                             for r, k in enumerate(keys)] for n, keys in classes.items()})
+    return sub_stats, sub_pre
 
 
 def group_only(case: CaseSpec, params: Sequence[str]) -> CaseSpec:

@@ -440,6 +440,35 @@ def _outcome(j: Judgement, r: int) -> str:
     return "nonfinite" if v is not None and not math.isfinite(v) else "finite"
 
 
+OUTCOME_WORDS = {
+    "finite": "reported a finite norm",
+    "nonfinite": "reported a non-finite norm",
+    "raised-nonfinite": "raised a non-finite error",
+    "raised": "raised an error that does not say non-finite",
+    "collateral": "failed in consequence of another rank's error",
+    "fault": "broke the contract (see the contract check)",
+}
+"""What a rank's call came to (``_outcome``), as the ``nonfinite`` check's detail says it."""
+
+POLICY_WORDS = {
+    "leave": "left the gradients unchanged",
+    "zero": "zeroed the gradients",
+    "poison": "multiplied the gradients by NaN",
+}
+"""What a rank's clip did to its gradients, by the policy name its record holds (``local["policies"]``,
+measured by ``harness.run.case.effects``): a detail says the words, never the bare names."""
+
+
+def did_to_gradients(policies: Sequence[str] | None) -> str:
+    """What a rank did to its gradients, in words: each policy its gradients fit (some fit two: a rank
+    whose every gradient was NaN already looks left alone and multiplied by NaN), none, or no gradient."""
+    if policies is None:
+        return "held no gradient"
+    if not policies:
+        return "changed the gradients otherwise (not left unchanged, zeroed nor multiplied by NaN)"
+    return " or ".join(POLICY_WORDS.get(p, p) for p in policies)
+
+
 def judge_nonfinite(j: Judgement) -> Outcome:
     """With a non-finite gradient every rank must take the same deliberate action: report a
     non-finite norm and apply one policy (leave / zero / poison the gradients) on every rank holding
@@ -457,13 +486,13 @@ def judge_nonfinite(j: Judgement) -> Outcome:
         if not touched:
             return True, ""
         return False, (f"every rank raised a non-finite error, but ranks {touched} changed their gradients before "
-                       "raising (a raise must leave them untouched): per rank " + ", ".join(
-                           f"{r}: {'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
-                           for r, p in enumerate(policies)))
+                       "raising (a raise must leave them untouched); per rank: " + "; ".join(
+                           f"{r}: {did_to_gradients(p)}" for r, p in enumerate(policies)))
     ok = all(o == "nonfinite" for o in outcomes) and bool(shared)
-    detail = "" if ok else "per rank: " + ", ".join(
-        f"{r}: {o}/{'/'.join(p) if p else ('holds nothing' if p is None else 'no policy')}"
-        for r, (o, p) in enumerate(zip(outcomes, policies)))
+    detail = "" if ok else (
+        "expected one non-finite norm or raise on every rank, the gradients treated alike; per rank: "
+        + "; ".join(f"{r}: {OUTCOME_WORDS[o]} and {did_to_gradients(p)}"
+                    for r, (o, p) in enumerate(zip(outcomes, policies))))
     return ok, detail
 
 
@@ -489,22 +518,28 @@ def _evidence(j: Judgement, mismatches: list[str], norm: Check | None) -> Eviden
     passing case's evidence tests the hypotheses of a failing one: ``signatures.holds_on``)."""
     if norm is None:
         return None
-    axes = [axis for axis in j.mesh.names if j.mesh.size(axis) > 1]
+    return evidence_of(j.case, j.truth, j.stats, j.pre, mismatches)
+
+
+def evidence_of(case: CaseSpec, truth: float, stats: StatsTable, pre: Replication,
+                mismatches: Sequence[str]) -> Evidence:
+    """The evidence of ``case`` from its statistics (the whole case's, or one group's: ``judge.one_group``)."""
+    mesh = case.layout.mesh
+    axes = [axis for axis in mesh.names if mesh.size(axis) > 1]
     if len(axes) < 2:  # one axis spans the world: its hypotheses are the rank-local ones below
         axes = []
-    evidence = Evidence(
-        truth=j.truth,
-        norm_type=j.case.norm_type,
-        mesh=j.mesh,
-        local_norms=j.stats.local_norms(j.case.norm_type),
-        declared_norm=declared_norm(j.stats, j.mesh, j.case.variant.declared, j.case.norm_type),
-        declared_mismatches=mismatches,
-        unreduced={axis: unreduced_over(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
-        replicas_counted={axis: replicas_counted_on(j.stats, j.pre, j.mesh, axis, j.case.norm_type) for axis in axes},
-        max_norm=j.case.max_norm,
-        replica_counts=replica_counts(j.case),
+    return Evidence(
+        truth=truth,
+        norm_type=case.norm_type,
+        mesh=mesh,
+        local_norms=stats.local_norms(case.norm_type),
+        declared_norm=declared_norm(stats, mesh, case.variant.declared, case.norm_type),
+        declared_mismatches=list(mismatches),
+        unreduced={axis: unreduced_over(stats, pre, mesh, axis, case.norm_type) for axis in axes},
+        replicas_counted={axis: replicas_counted_on(stats, pre, mesh, axis, case.norm_type) for axis in axes},
+        max_norm=case.max_norm,
+        replica_counts=replica_counts(case),
     )
-    return evidence
 
 
 def replica_counts(case: CaseSpec) -> frozenset[int]:

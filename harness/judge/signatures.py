@@ -132,6 +132,58 @@ def explain(reported: Sequence[float], evidence: Evidence, rtol: float) -> list[
     return found
 
 
+ONE_GROUP = "every other group counted once"
+"""The rest of a one-group reading (``one_group_readings``): what it assumes of the other groups."""
+
+
+def group_candidates(evidence: Evidence, n: int) -> list[tuple[str, list[float]]]:
+    """What one group's gradients (``evidence`` built from them alone) would give each of ``n`` ranks
+    under each mistake: the mechanisms of ``candidates``, and its copies miscounted (once instead of k
+    times, k times instead of once, k a replica count of the layout, as ``replica_factor`` reads the whole)."""
+    out = candidates(evidence, n)
+    if is_inf_norm(evidence.norm_type):
+        return out
+    sizes = range(2, max(evidence.mesh.world_size, 2) + 1) if evidence.replica_counts is None \
+        else sorted(evidence.replica_counts)
+    for k in sizes:
+        under = k ** (-1.0 / evidence.norm_type)
+        name = _group_name(k, evidence.mesh)
+        out.append((f"counted once instead of {name} times", [evidence.truth * under] * n))
+        out.append((f"counted {name} times instead of once", [evidence.truth / under] * n))
+    return out
+
+
+def one_group_readings(reported: Sequence[float], truth: float, groups: Mapping[str, Evidence],
+                       rtol: float) -> list[str]:
+    """A wrong norm read as one group's mistake, every other group counted once: the group's part of the
+    p-th power sum replaced by what a mistake gives it (``group_candidates``), the rest kept. For what no
+    mechanism of the whole case prices (a tie counted on both stages, one group's reduction skipped):
+    these are priced from the measured statistics alone, as ``explain``'s are, without calling the clip
+    again (the blame's one-group runs do that, and weigh each group). ``groups``: each group's evidence,
+    the groups holding whole classes of copies (``blame.tied_groups``), so that their truths add up to
+    ``truth``. Kept as ``explain`` keeps its lines: within the tolerance, and the closest ones only."""
+    if not reported or not truth > 0 or not math.isfinite(truth):
+        return []
+    n = len(reported)
+    scored: list[tuple[float, str]] = []
+    for group, evidence in groups.items():
+        p = evidence.norm_type
+        if is_inf_norm(p) or not evidence.truth > 0 or not math.isfinite(evidence.truth):
+            continue
+        rest = max(truth ** p - evidence.truth ** p, 0.0)
+        for text, values in group_candidates(evidence, n):
+            if _mismatch([evidence.truth] * n, values) <= rtol:
+                continue  # the group counted right under it: it explains nothing
+            predicted = [(rest + v ** p) ** (1.0 / p) if math.isfinite(v) else v for v in values]
+            error = _mismatch(reported, predicted)
+            if error <= rtol < _mismatch([truth] * n, predicted):
+                scored.append((error, f"{group}: {text}; {ONE_GROUP}"))
+    if not scored:
+        return []
+    best = min(err for err, _ in scored)
+    return [text for err, text in sorted(scored) if err <= max(10 * best, 1e-12)]
+
+
 def holds_on(text: str, reported: Sequence[float], evidence: Evidence, rtol: float) -> bool:
     """Whether the mechanism ``text`` names (a line of ``explain``) also prices ``reported`` on another
     case of the same layout (a one-group run): the value it predicts there is what was reported, or,

@@ -6,12 +6,14 @@ a launcher can plan every world size before it starts a single process. A *name*
 (an unknown scenario, target or dtype) is bad input and raises ``UsageError``. A *combination* that
 cannot exist (ep_size not dividing the world, experts not divisible by ep_size, a framework-specific
 target paired with another framework's scenario, a world size or backend the matrix does not list)
-is dropped and counted under its reason; only when nothing is left is that an error.
+is dropped and counted under its reason; only when nothing is left is that an error. What the
+selection (``variant``, ``exclude``, ``parallelism``: ``harness.plan.selection``) removes was asked
+for, not impossible: it is not counted, but a named scenario it empties gets a line
+(``Plan.header_lines``), and a plan it leaves without a case is an error naming the selection.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from harness.cases.layout import LayoutError
 from harness.cases.loading import LoadError
 from harness.cases.matrix import MatrixSpec
 from harness.cases.constructive import variant_truth
+from harness.cases.parallelism import check_kinds
+from harness.plan.selection import Emptied, emptied_summary, select_variants
 from harness.targets.registry import builtin_scenarios, registered_targets, resolve_scenario
 from harness.cases.scenario import Scenario, ScenarioOptions
 from harness.cases.target import Target
@@ -36,6 +40,15 @@ class Plan:
     targets: dict[str, Target]
     notes: list[str] = field(default_factory=list)
     dropped: Counter = field(default_factory=Counter)
+    layouts: dict[str, list[Variant]] = field(default_factory=dict)
+    """Each scenario's selected variants (of the scenarios some target runs with)."""
+    emptied: list[Emptied] = field(default_factory=list)
+    """The scenarios the selection left without a layout."""
+
+    def header_lines(self) -> list[str]:
+        """What a run prints before its cases: the notes, each named scenario the selection emptied,
+        the dropped combinations."""
+        return self.notes + [entry.line() for entry in self.emptied if entry.named] + self.drop_lines()
 
     def drop_lines(self) -> list[str]:
         total = sum(self.dropped.values())
@@ -46,26 +59,37 @@ class Plan:
         return lines
 
 
-def variant_selected(label: str, selector: str) -> bool:
-    """``--variant``: ``=LABEL`` selects that one layout (what a replay command names); any other text
-    selects every layout whose label contains it (``*`` and ``?`` as in shell patterns)."""
-    if selector.startswith("="):
-        return label == selector[1:]
-    return fnmatch.fnmatchcase(label, f"*{selector}*")
-
-
 def plan_cases(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
     try:
         plan = _plan(spec, world_size, backend)
     except (LayoutError, LoadError) as exc:
         raise UsageError(str(exc)) from None
     if not plan.cases:
-        reasons = "; ".join(plan.dropped) or "the matrix is empty"
-        raise UsageError(f"no valid cases at world size {world_size}: {reasons}")
+        raise UsageError(f"no valid cases at world size {world_size}: {_nothing_left(plan)}")
     return plan
 
 
-def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
+def plan_layouts(spec: MatrixSpec, world_size: int) -> Plan:
+    """The selected layouts of every scenario at one world size, without targets, bounds or cases
+    (``clipcheck layouts``): the same expansion and selection as ``plan_cases``, the same errors."""
+    try:
+        plan = _begin(spec)
+        for name, scenario in plan.scenarios.items():
+            plan.layouts[name] = selected_variants(name, scenario, spec, world_size, plan)
+    except (LayoutError, LoadError) as exc:
+        raise UsageError(str(exc)) from None
+    if not any(plan.layouts.values()):
+        raise UsageError(f"no layout at world size {world_size}: {_nothing_left(plan)}")
+    return plan
+
+
+def _nothing_left(plan: Plan) -> str:
+    return "; ".join([*emptied_summary(plan.emptied), *plan.dropped]) or "the matrix is empty"
+
+
+def check_spec(spec: MatrixSpec) -> None:
+    """Values no parser checks: the bounds, the dtypes and the parallelism kinds (``UsageError``, one
+    line)."""
     if spec.max_norm is not None and not (math.isfinite(spec.max_norm) and spec.max_norm > 0):
         raise UsageError(f"max_norm must be positive, got {spec.max_norm}")
     if spec.max_norm is None and not spec.clip_ratios:
@@ -76,15 +100,43 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
     for dtype in spec.dtypes:
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
-    names = spec.scenarios or tuple(builtin_scenarios())
-    scenarios = {name: resolve_scenario(name) for name in names}
-    plan = Plan(cases=[], scenarios=scenarios, targets={})
+    try:
+        check_kinds(spec.parallelism)
+    except LayoutError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _begin(spec: MatrixSpec) -> Plan:
+    """An empty plan of ``spec``'s scenarios, once its values are checked; ``ep_sizes`` given for
+    scenarios without expert parallelism is a note, or an error when it applies to none of those named."""
+    check_spec(spec)
+    plan = Plan(cases=[], scenarios={name: resolve_scenario(name) for name in spec.scenarios or builtin_scenarios()},
+                targets={})
     if spec.ep_sizes is not None:
-        no_ep = [n for n, s in scenarios.items() if not s.uses_ep]
-        if no_ep and spec.scenarios and len(no_ep) == len(scenarios):
+        no_ep = [n for n, s in plan.scenarios.items() if not s.uses_ep]
+        if no_ep and spec.scenarios and len(no_ep) == len(plan.scenarios):
             raise UsageError(f"--ep-size does not apply to {', '.join(no_ep)}: it has no expert parallelism")
         if no_ep:
             plan.notes.append(f"ep_size does not apply to {', '.join(no_ep)} (no expert parallelism)")
+    return plan
+
+
+def selected_variants(name: str, scenario: Scenario, spec: MatrixSpec, world_size: int, plan: Plan) -> list[Variant]:
+    """``scenario``'s variants at ``world_size`` for each dtype and ep_size of ``spec`` (honest plans with
+    ``plans = "honest"``), as its selection keeps them; a scenario the selection empties is recorded in
+    ``plan.emptied``."""
+    variants = _variants(scenario, spec, world_size, plan)
+    if spec.plans == "honest":
+        variants = [with_honest_plan(v) for v in variants]
+    kept, emptied = select_variants(name, variants, spec, world_size)
+    if emptied is not None:
+        plan.emptied.append(emptied)
+    return kept
+
+
+def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
+    plan = _begin(spec)
+    scenarios = plan.scenarios
     registered = registered_targets(list(scenarios.values()))
     for t in spec.targets:
         plan.targets[t] = resolve_target(t, registered)
@@ -107,11 +159,7 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
             targets_here.append(target_name)
         if not targets_here:
             continue
-        variants = _variants(scenario, spec, world_size, plan)
-        if spec.plans == "honest":
-            variants = [with_honest_plan(v) for v in variants]
-        if spec.variant:
-            variants = [v for v in variants if variant_selected(v.label, spec.variant)]
+        variants = plan.layouts[name] = selected_variants(name, scenario, spec, world_size, plan)
         scenario_skip = scenario.requires.unavailable() if scenario.requires else None
         skips = {t: scenario_skip or plan.targets[t].unavailable() for t in targets_here}  # probed once
         for variant in variants:
@@ -148,8 +196,6 @@ def _plan(spec: MatrixSpec, world_size: int, backend: str) -> Plan:
                     for max_norm, ratio in ordered:
                         plan.cases.append(CaseSpec(len(plan.cases), name, variant, target_name, norm_type,
                                                    max_norm, skips[target_name], ratio))
-    if spec.variant and not plan.cases:
-        raise UsageError(f"--variant {spec.variant!r} matches no layout variant")
     return plan
 
 

@@ -7,6 +7,8 @@ if it has none, means no defaults).
     scenarios = ["dense_dp", "fsdp2_meshes"]
     worlds    = [2, 4]
     dtypes    = ["fp32"]
+    parallelism = ["ep", "fsdp"]          # the layouts the clip was written for
+    exclude   = ["nan"]                   # label patterns; variant and exclude take a list or one string
     timeout   = 120
 
 Its keys are a matrix file's (``harness.cases.matrix.AXES``, checked by the same ``parse_mapping``)

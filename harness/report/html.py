@@ -2,12 +2,13 @@
 JSON Lines file (``reporter.case_json``, ``finish.metamorphic_json``). No torch.
 
 ``render_html(records)`` / ``write_html(records, path)``: a self-contained page (inline CSS and JS,
-nothing fetched): a heatmap per scenario, targets as rows and layouts as columns grouped by world size,
-each cell the worst of the cases it holds (norm types, dtypes, bounds), coloured by verdict; clicking a
-cell opens its cases' failed checks, signatures, errors and replay commands in a side panel. The URL
-fragment ``#open=<cell id>`` opens a cell on load, so a link or a headless browser can show one;
-``#click=<cell id>`` clicks the cell's button on load (what a headless check uses to drive the click
-handler itself).
+nothing fetched): a heatmap per scenario, targets as rows and layouts as columns grouped by world size
+(a table per world size, cut into parts of at most ``MAX_COLUMNS`` layouts, that wrap side by side, so
+the page never scrolls sideways), each cell the worst of the cases it holds (norm types, dtypes,
+bounds), coloured by verdict; clicking a cell opens its cases' failed checks, signatures, errors and
+replay commands in a side panel. The URL fragment ``#open=<cell id>`` opens a cell on load, so a link
+or a headless browser can show one; ``#click=<cell id>`` clicks the cell's button on load (what a
+headless check uses to drive the click handler itself).
 
 The markup is a Jinja2 template (``templates/report.html.j2``) with autoescaping, so nothing a record
 says reaches the page raw; its style and script are package files (``assets/``), inlined. This module
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
 _CLASS = {"PASS": "v-pass", "FAIL": "v-fail", "ERROR": "v-error", "SKIP": "v-skip"}
 _NO_VERDICT = "v-skip"  # the overall "NOTHING JUDGED" (every case skipped, or none at all)
 TEMPLATE = "report.html.j2"
+MAX_COLUMNS = 9
+"""The most layouts a block of the heatmap holds side by side: a world size with more is cut into even
+parts, so that a part with its target column fits a 1280 px window, every label readable and nothing
+to scroll sideways (tests/test_matrix_view.py measures it on the default matrix in Chromium)."""
 
 
 # ------------------------------------------------------------------------------- what the page shows
@@ -126,6 +131,38 @@ class WorldHead:
 
 
 @dataclass(frozen=True)
+class LayoutHead:
+    """A layout's column header: the label as its words (a label wraps at its spaces first), each word
+    in pieces that end at ``= / , : -`` (where the template lets a word wider than its column wrap,
+    as ``hybrid_shared=`` / ``False``, before anywhere else)."""
+
+    label: str
+    words: list[list[str]]
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    """A target's cells in one block. ``failing`` counts its failures in the whole scenario, so the
+    "only targets with failures" filter hides a target in every block or in none."""
+
+    target: str
+    failing: int
+    cells: list[Cell | None]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One table of a scenario's heatmap: the layouts of a world size, or one part of them (``part`` of
+    ``parts``) where it has more than ``MAX_COLUMNS``, and every target's cells there."""
+
+    head: WorldHead
+    part: int
+    parts: int
+    layouts: list[LayoutHead]
+    rows: list[BlockRow]
+
+
+@dataclass(frozen=True)
 class MetaRow:
     target: str
     world: str
@@ -146,13 +183,13 @@ class Meta:
 
 @dataclass(frozen=True)
 class Section:
-    """One scenario: its heatmap (no table when it has no cases) and metamorphic groups."""
+    """One scenario: its heatmap as blocks, one per world size or part of one, that wrap side by side
+    (none when it has no cases), and its metamorphic groups."""
 
     name: str
     slug: str
     tally: str
-    heads: list[WorldHead]
-    rows: list[Row]
+    blocks: list[Block]
     meta: Meta | None
 
 
@@ -440,12 +477,43 @@ def _row(scenario: str, grid: _Grid, target: str, filled: list[Cell]) -> Row:
     return Row(target=text(target, ""), failing=failing, worlds=worlds)
 
 
+_BREAK_AFTER = re.compile(r"[^=/,:-]*[=/,:-]+|[^=/,:-]+")
+
+
+def _layout_head(label: str) -> LayoutHead:
+    return LayoutHead(label=label, words=[_BREAK_AFTER.findall(word) for word in label.split()])
+
+
+def _parts(n: int, most: int = MAX_COLUMNS) -> list[range]:
+    """``range(n)`` cut into the fewest parts of at most ``most``, as even as can be (larger first)."""
+    n_parts = max(1, -(-n // most))
+    size, extra = divmod(n, n_parts)
+    parts, start = [], 0
+    for i in range(n_parts):
+        stop = start + size + (i < extra)
+        parts.append(range(start, stop))
+        start = stop
+    return parts
+
+
+def _blocks(heads: list[WorldHead], rows: list[Row]) -> list[Block]:
+    """The heatmap's tables: a world size each, cut into parts of at most ``MAX_COLUMNS`` layouts."""
+    blocks = []
+    for w, head in enumerate(heads):
+        parts = _parts(len(head.layouts))
+        for number, part in enumerate(parts, 1):
+            blocks.append(Block(
+                head=head, part=number, parts=len(parts), layouts=[_layout_head(head.layouts[i]) for i in part],
+                rows=[BlockRow(row.target, row.failing, [row.worlds[w].cells[i] for i in part]) for row in rows]))
+    return blocks
+
+
 def _section(scenario: str, grid: _Grid, filled: list[Cell]) -> Section:
     cases = grid.cases()
     rows = [_row(scenario, grid, target, filled) for target in grid.targets] if grid.worlds else []
     return Section(name=text(scenario, ""), slug=_slug(scenario, 40),
-                   tally=f"{len(cases)} cases: {text(_tally(cases) or 'no cases', '')}", heads=_heads(grid),
-                   rows=rows, meta=_meta(grid.groups))
+                   tally=f"{len(cases)} cases: {text(_tally(cases) or 'no cases', '')}",
+                   blocks=_blocks(_heads(grid), rows), meta=_meta(grid.groups))
 
 
 def _header(title: str, generated: str | None, cases: list[dict[str, Any]], groups: list[dict[str, Any]]) -> Header:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.targets.builtin_scenarios import scenarios_package
-from harness.cases.loading import LoadError, is_import_path, load_object
+from harness.cases.loading import LoadError, is_import_path, load_object, unknown_name
 from harness.cases.scenario import Scenario
 from harness.cases.target import Target
 from harness.targets.target import BUILTIN_TARGETS
@@ -24,10 +24,7 @@ def resolve_scenario(name: str) -> Scenario:
         if not isinstance(scenario, Scenario):
             raise LoadError(f"{name!r} is not a harness.cases.scenario.Scenario")
         return scenario
-    raise LoadError(
-        f"unknown scenario {name!r}: not one of {', '.join(sorted(known))}, and not of the form "
-        "module:Class or path/to/file.py:Class"
-    )
+    raise unknown_name("scenario", name, known, "Class")
 
 
 def registered_targets(scenarios: list[Scenario] | None = None) -> dict[str, Target]:

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 import harness.reference as reference
 from harness.clipmath import local_tensor, trainable_with_grads
 from harness.cases.context import context
-from harness.cases.loading import LoadError, is_import_path, load_object
+from harness.cases.loading import LoadError, is_import_path, load_object, unknown_name
 from harness.cases.target import Finding, Target, direct_call
 from harness.cases.model import torch_placements
 
@@ -135,10 +135,7 @@ def resolve_target(name: str, registered: Mapping[str, Target]) -> Target:
         if not callable(fn):
             raise LoadError(f"target {name!r} is not callable")
         return Target(name, fn, (fn.__doc__ or "").strip().split("\n")[0], origin="user")
-    raise LoadError(
-        f"unknown target {name!r}: not one of {', '.join(sorted(registered))}, and not of the form "
-        "module:function or path/to/file.py:function"
-    )
+    raise unknown_name("target", name, registered, "function")
 
 
 def reported_value(value: Any) -> float:

@@ -59,7 +59,7 @@ from harness.cases.variant import Variant
 from harness.cases.context import CaseContext, context
 from harness.cases.model import parameter_values
 from harness.targets.gradient_path import install_linear_forwards, reduced_to
-from harness.cases.target import Finding, Target, stock
+from harness.cases.target import Finding, Target, direct_call, stock
 from harness.targets.target import torch_max_drops_nan
 
 from .framework import FRAMEWORK as ACCELERATE
@@ -201,6 +201,38 @@ def _refuses_fsdp(variant: Variant) -> str | None:
     return None
 
 
+_TRANSFORMERS = "huggingface/transformers"
+_TP_REPRO = "scenarios/accelerate/repro_tp_plain_experts.py"
+_EXPERTS_PLAIN = (
+    "transformers leaves TP-sharded experts as plain local tensors, unmarked (4.x: its use_dtensor=False styles, "
+    "dots.llm1's local_colwise / local_rowwise, gpt-oss's grouped_gemm), so no clip can tell them from replicas: "
+    "accelerate's clip_grad_norm_ (1.15.0 and 1.16.0, the PR #4219 fix; older releases raise on the mixed "
+    "plain/DTensor gradients) takes the plain group's norm rank-locally and each rank clips by its own, too small "
+    "norm. With 4.x the model's own TP backward already leaves the replicated gradients different per rank before "
+    "any clip (its gather style all-reduces the forward only), so the ranks drift apart whatever the clip does. "
+    "Fixed in transformers from 5.16 (every TP shard a DTensor). Report to huggingface/transformers with the repro")
+_EXPERTS_PLAIN_REACH = (
+    "transformers 4.x (4.57.6 checked) from_pretrained(tp_plan='auto') on a model whose TP plan keeps experts "
+    "plain (dots.llm1; gpt-oss has the same layout but with torch 2.13 its biased o_proj raises in the first "
+    "training forward), trained by transformers' Trainer (accelerate ParallelismConfig(tp_size=N), "
+    "accelerator.clip_grad_norm_ at max_grad_norm=1.0: L2) with accelerate 1.15/1.16; not with transformers from "
+    "5.16 (5.16.1, 5.17.0, 5.18.0 checked: DTensors)")
+_ALL_PLAIN = (
+    "transformers 5.3 to 5.14 (5.3.0, 5.5.4, 5.10.4, 5.14.1 checked; 5.15 not run) leave every TP shard a plain "
+    "local tensor, unmarked (accelerate's prepare logs that it skips such a model's TP preparation), so no clip can "
+    "tell shards from replicas: accelerate's clip_grad_norm_ has one plain group and calls "
+    "torch.nn.utils.clip_grad_norm_ on the rank-local gradients, whatever the accelerate version, and each rank "
+    "clips by the norm of its own shards; the ranks disagree. Fixed in transformers from 5.16 (DTensor shards). "
+    "Report to huggingface/transformers with the repro run under 5.3 to 5.14")
+_ALL_PLAIN_REACH = (
+    "transformers 5.3 to 5.14 from_pretrained(tp_plan='auto') on any model with a TP plan, trained by transformers' "
+    "Trainer (accelerate ParallelismConfig(tp_size=N), accelerator.clip_grad_norm_ at max_grad_norm=1.0: L2), any "
+    "accelerate version; not with transformers 4.x (colwise/rowwise DTensors) nor from 5.16 (5.16.1, 5.17.0, 5.18.0 "
+    "checked: DTensors)")
+_LINF_DIRECT = (
+    "a loop calling accelerator.clip_grad_norm_(params, max_norm, norm_type=inf) itself on such a model: "
+    "transformers' Trainer clips with the L2 norm only (clip_grad_norm_(model.parameters(), max_grad_norm))")
+
 TARGETS = (
     Target("accelerate", clip, "accelerate Accelerator.clip_grad_norm_ on an FSDP2 (fsdp_version=2) prepared model",
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
@@ -211,31 +243,13 @@ TARGETS = (
            origin="adapter accelerate", scenarios=("accelerate_fsdp2",), requires=ACCELERATE, dress=dress,
            backward=backward, refuses=_refuses_tp,
            findings=(
-               Finding("*tp experts plain*", None,
-                       "accelerate's _clip_grad_norm_dtensor_aware (1.15.0 and 1.16.0; the PR #4219 fix) takes the "
-                       "plain-tensor group's norm rank-locally, right only while plain gradients are replicas; "
-                       "transformers 4.x leaves TP-sharded experts as plain local tensors (use_dtensor=False styles), "
-                       "so each rank clips by its own, too small norm and the ranks disagree. From 5.16 transformers "
-                       "makes every TP shard a DTensor: the pinned stack (transformers 5.18.0) never produces this "
-                       "layout. Report to huggingface/accelerate with the repro (run under transformers 4.x)",
-                       stock("transformers 4.x (4.57.6 checked) from_pretrained(tp_plan='auto') on dots.llm1 "
-                             "(local_colwise / local_rowwise experts; gpt-oss's grouped_gemm experts are the same "
-                             "layout, but with torch 2.13 its biased o_proj raises in the first training forward), "
-                             "trained with accelerate 1.15/1.16 ParallelismConfig(tp_size=N), accelerator.backward and "
-                             "accelerator.clip_grad_norm_ (as transformers' Trainer does for a TP model); not with "
-                             "transformers from 5.16 (5.16.1, 5.17.0, 5.18.0 checked)"),
-                       repro="scenarios/accelerate/repro_tp_plain_experts.py"),
-               Finding("*tp all plain*", None,
-                       "accelerate's clip_grad_norm_ on a TP model whose every shard is a plain local tensor: one "
-                       "group, torch.nn.utils.clip_grad_norm_ on the rank-local gradients, so each rank clips by "
-                       "the norm of its own shards and the ranks disagree; transformers 5.5 to 5.14 leave every TP "
-                       "shard plain (accelerate's prepare logs that it skips such a model's TP preparation). "
-                       "Report to huggingface/accelerate (and transformers) with the repro run under one of them",
-                       stock("transformers 5.5 to 5.14 (5.5.4, 5.10.4, 5.14.1 checked) from_pretrained(tp_plan='auto') "
-                             "on any model with a TP plan, trained with accelerate 1.15/1.16 "
-                             "ParallelismConfig(tp_size=N) and accelerator.clip_grad_norm_, as transformers' Trainer "
-                             "does for such a model (max_grad_norm=1.0 by default); not with 4.x (colwise/rowwise "
-                             "DTensors) nor from 5.16 (5.16.1, 5.17.0, 5.18.0 checked: DTensors)"),
-                       repro="scenarios/accelerate/repro_tp_plain_experts.py"),
+               Finding("*tp experts plain*", None, _EXPERTS_PLAIN, stock(_EXPERTS_PLAIN_REACH), norms=("L2",),
+                       owner=_TRANSFORMERS, repro=_TP_REPRO),
+               Finding("*tp experts plain*", None, _EXPERTS_PLAIN, direct_call(_LINF_DIRECT), norms=("Linf",),
+                       owner=_TRANSFORMERS, repro=_TP_REPRO),
+               Finding("*tp all plain*", None, _ALL_PLAIN, stock(_ALL_PLAIN_REACH), norms=("L2",),
+                       owner=_TRANSFORMERS, repro=_TP_REPRO),
+               Finding("*tp all plain*", None, _ALL_PLAIN, direct_call(_LINF_DIRECT), norms=("Linf",),
+                       owner=_TRANSFORMERS, repro=_TP_REPRO),
                torch_max_drops_nan("*tp mixed plain/DTensor nan*"),)),
 )

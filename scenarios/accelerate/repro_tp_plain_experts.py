@@ -1,21 +1,28 @@
-"""accelerate's ``Accelerator.clip_grad_norm_`` counts TP-sharded *plain* gradients rank-locally.
+"""transformers leaves TP shards as unmarked plain tensors; accelerate's ``Accelerator.clip_grad_norm_``
+(what transformers' ``Trainer`` calls) then counts them rank-locally.
 
-What it shows: ``Accelerator._clip_grad_norm_dtensor_aware`` (accelerate 1.15.0 and 1.16.0, the fix of
-accelerate PR #4219) reduces each DTensor group's norm over its mesh but takes the norm of the plain
+Whose it is: transformers' (``huggingface/transformers``): nothing marks those shards as shards, so no clip
+can tell them from replicas; from 5.16 transformers makes them DTensors and the clip is exact.
+
+What it shows: ``Accelerator._clip_grad_norm_dtensor_aware`` (accelerate 1.15.0 and 1.16.0, the fix
+of accelerate PR #4219) reduces each DTensor group's norm over its mesh but takes the norm of the plain
 (non-DTensor) gradients as it stands on each rank, assuming plain gradients are replicas (with no
 DTensor at all it is ``torch.nn.utils.clip_grad_norm_`` on the rank-local gradients). Some
 transformers releases leave tensor-parallel shards as plain local tensors: 4.x its ``use_dtensor=False``
 styles (``grouped_gemm`` in gpt-oss's ``base_model_tp_plan``, ``local_colwise`` / ``local_rowwise`` in
-dots.llm1's experts), 5.5 to 5.14 every TP shard. Each rank then adds only its own shards, reports a
+dots.llm1's experts), 5.3 to 5.14 every TP shard. Each rank then adds only its own shards, reports a
 norm that is too small and different on every rank, and clips by it.
 
 Who reaches it (stock): ``from_pretrained(..., tp_plan="auto")`` with **transformers 4.x** (checked:
-4.57.6; MoE experts) or **5.5 to 5.14** (checked: 5.5.4, 5.10.4, 5.14.1; every sharded parameter),
+4.57.6; MoE experts) or **5.3 to 5.14** (checked: 5.3.0, 5.5.4, 5.10.4, 5.14.1; every sharded parameter),
 trained with accelerate's ``ParallelismConfig(tp_size=N)``, ``accelerator.backward`` and
-``accelerator.clip_grad_norm_`` (accelerate 1.15.0, 1.16.0), as transformers' ``Trainer`` sets it up
-for a TP model. Not with transformers from 5.16 (5.16.1, 5.17.0, 5.18.0 checked): its TP is built on
-DTensors (``MoEParamShard``, ``packed_colwise``), no plain shard arises and the clip is exact on rank 0
-(ratio 1); this script says so there.
+``accelerator.clip_grad_norm_`` (accelerate 1.15.0, 1.16.0; with every shard plain any accelerate
+release: one plain group is ``torch.nn.utils.clip_grad_norm_``), as transformers' ``Trainer`` sets it up
+for a TP model, with the L2 norm (the Trainer passes no norm type: an inf-norm clip is a direct call).
+With 4.x the model's own TP backward already leaves the replicated gradients different per rank before
+any clip (see the true norm below). Not with transformers from 5.16 (5.16.1, 5.17.0, 5.18.0
+checked): its TP is built on DTensors (``MoEParamShard``, ``packed_colwise``), no plain shard arises
+and the clip is exact on rank 0 (ratio 1); this script says so there.
 
 Here: a tiny random dots.llm1 (one dense and one MoE layer) saved and reloaded with ``tp_plan="auto"``,
 one real forward and backward of the language-model loss, accelerate's clip. (gpt-oss, whose experts

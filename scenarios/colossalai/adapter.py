@@ -258,6 +258,18 @@ def clip_inf(model: nn.Module, *, max_norm: float, norm_type: float = math.inf) 
 
 _REPRO = "scenarios/colossalai/repro_moe_zero_norm.py"
 _PLUGIN = "Booster(plugin=MoeHybridParallelPlugin(ep_size=k > 1, zero_stage=1, precision='bf16', max_norm=m))"
+_MOE_ZERO_NORM = (
+    "ColossalAI 0.5.0 (and v0.5.1, HEAD) MoE ZeRO at ep > 1: LowLevelZeroOptimizer.step adds its two gradient "
+    "stores' norms linearly (low_level_optim.py l.575, `norm_group +=`, from PR #5821, 2024) and the MoE store's "
+    "norm is reduced over moe_dp only, never over ep (HybridParallelZeroOptimizer._compute_grad_norm, "
+    "hybrid_parallel_plugin.py l.912-920): each rank reports and clips by ||dense|| + ||own experts|| instead of "
+    "sqrt(||dense||^2 + ||all experts||^2), rank-dependent (#2192 is the same class of bug in the 2022 code). "
+    "Report to hpcaitech/ColossalAI: docs/findings/colossalai-moe-zero-norm.md (repro, per-defect shares, fix)")
+_MOE_ZERO_REACH = (
+    f"{_PLUGIN}, booster.backward(loss, optimizer), optimizer.step(): ColossalChat's "
+    "applications/ColossalChat/examples/training_scripts/lora_finetune.py --plugin moe --ep N (N > 1) with its "
+    "defaults (zero_stage 1, bf16, grad_clip 1.0), on a model with a ColossalAI EP policy (Mixtral, DeepSeek, "
+    "DeepSeek-V3)")
 _BF16_ONLY = ("bf16",)
 """``MoeHybridParallelPlugin.configure`` (and ``HybridParallelPlugin``'s) asserts ``precision != 'fp32'``
 under ZeRO: fp32 cases are dropped."""
@@ -267,11 +279,7 @@ TARGETS = (
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,
            backward=backward, dtypes=_BF16_ONLY, norm_types=(2.0,), in_place=False,  # _gather_back: new .grad
            findings=(
-               Finding("*moe-zero*", "hpcaitech/ColossalAI #2192 (experts not reduced over EP) and the "
-                       "MoE-ZeRO linear composition of the stores' norms (0.5.0 and HEAD, code)",
-                       "step() adds the stores' norms, ||dense|| + ||own experts||, and the expert store's norm is "
-                       "reduced over moe_dp only, never over ep: rank-dependent, neither norm",
-                       stock(f"{_PLUGIN}; booster.backward(loss, optimizer); optimizer.step()"), repro=_REPRO),)),
+               Finding("*moe-zero*", None, _MOE_ZERO_NORM, stock(_MOE_ZERO_REACH), repro=_REPRO),)),
     Target("colossalai-inf", clip_inf,
            "ColossalAI ZeRO step() with norm_type=inf bound onto HybridParallelZeroOptimizer._compute_grad_norm",
            origin="adapter colossalai", scenarios=("colossalai_moe",), requires=COLOSSALAI, dress=dress,

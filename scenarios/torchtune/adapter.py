@@ -138,6 +138,14 @@ def clip(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.
     return grad_norm
 
 
+_TT_REPRO = "scenarios/torchtune/repro_tp_plain_norms.py"
+_TT_2420 = ("meta-pytorch/torchtune #2420 (open; fixed on main by PR #2503, SequenceParallel norms, in no release: "
+            "0.6.1 is the last, and torchtune is no longer maintained)")
+_TT_RUN = ("tune run --nproc_per_node N full_finetune_distributed --config llama3_3/70B_full tensor_parallel_dim={tp} "
+           "clip_grad_norm=1.0: the shipped config needs both overrides (it sets tensor_parallel_dim: 1 and "
+           "clip_grad_norm: null; llama3/70B_full and llama3_1/70B_full the same){rest}; torchtune 0.6.1's "
+           "base_llama_tp_plan")
+
 TARGETS = (
     Target("torchtune", clip,
            "torchtune 0.6.1 full_finetune_distributed: llama3 + base_llama_tp_plan + shard_model, "
@@ -145,15 +153,11 @@ TARGETS = (
            origin="adapter torchtune", scenarios=("torchtune_tp",), requires=TORCHTUNE, dress=dress,
            backward=backward, norm_types=(2.0,),
            findings=(
-               Finding("dp=1 *base plan*", "meta-pytorch/torchtune #2420",
+               Finding("dp=1 *base plan*", _TT_2420,
                        "the TP plan leaves the norms plain: foreach over mixed Tensor/DTensor raises",
-                       stock("tune run --nproc_per_node N full_finetune_distributed --config llama3_3/70B_full "
-                             "tensor_parallel_dim=N clip_grad_norm=1.0 (its shipped base_llama_tp_plan)"),
-                       repro="scenarios/torchtune/repro_tp_plain_norms.py"),
-               Finding("*tp+fsdp base plan*", "meta-pytorch/torchtune #2420 with FSDP, via pytorch/pytorch #180346",
+                       stock(_TT_RUN.format(tp="N", rest="")), repro=_TT_REPRO),
+               Finding("*tp+fsdp base plan*", f"{_TT_2420}, with FSDP via pytorch/pytorch #180346",
                        "the norms become 1-D DTensors on dp next to 2-D (dp, tp) ones: torch.stack of norms from "
                        "two meshes raises",
-                       stock("tune run --nproc_per_node N full_finetune_distributed --config llama3_3/70B_full "
-                             "tensor_parallel_dim=N/2 clip_grad_norm=1.0 (FSDP over the other half)"),
-                       repro="scenarios/torchtune/repro_tp_plain_norms.py"),)),
+                       stock(_TT_RUN.format(tp="N/2", rest=", FSDP over the other half")), repro=_TT_REPRO),)),
 )

@@ -1,6 +1,6 @@
 """Recipe: torch FSDP2 + expert parallelism, audited after the user's own backward.
 
-    torchrun --nproc_per_node=4 tests/audit_jobs/fsdp2_ep.py MODE OUT.json
+    torchrun --nproc_per_node=4 tests/audit_jobs/fsdp2_ep.py MODE OUT.json [save=PATH]
 
 The model is wrapped as VeOmni and xorl wrap theirs: the dense layers ``fully_shard``-ed over every rank,
 each EP rank's own experts (a stacked EP-local tensor) ``fully_shard``-ed on the ``ep_fsdp`` dim of an
@@ -12,6 +12,10 @@ each EP rank's own experts (a stacked EP-local tensor) ``fully_shard``-ed on the
 * ``no-ep-reduce``: the experts reduced over ``ep_fsdp`` only (the missing EP reduction): caught;
 * ``torch``: ``torch.nn.utils.clip_grad_norm_`` on the whole model: raises on every rank (pytorch #180346,
   norms on two meshes cannot be stacked), reported by the audit with each rank's cause.
+
+With ``save=PATH`` the audit is saved: its layout keeps each DTensor on its own mesh (the experts on the
+``ep_fsdp`` sub-mesh, the dense layers on every rank flattened), so ``torch-dtensor`` replays it
+(tests/test_audit_replay.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import harness
-from job_output import write
+from job_output import save_as_asked, write
 
 WIDTH, LOCAL_EXPERTS, EP, MAX_NORM = 8, 2, 2, 1e-3
 
@@ -96,6 +100,7 @@ def main() -> None:
     torch.manual_seed(100 + rank)  # each rank its own batch
     model(torch.randn(16, WIDTH)).backward()
     report = harness.audit(model, make_clip(model, mode, ep_mesh), max_norm=MAX_NORM, mesh=ep_mesh, restore=True)
+    save_as_asked(report, sys.argv[3:])
     write(out, report)
 
 

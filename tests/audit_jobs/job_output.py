@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 import torch.distributed as dist
 
@@ -23,3 +23,10 @@ def write(out: str, report: AuditReport | None, **extra: Any) -> None:
             json.dump(found, f)
         print(found["text"], flush=True)
     dist.barrier()
+
+
+def save_as_asked(report: AuditReport, options: Sequence[str]) -> None:
+    """``report.save(PATH)`` for a ``save=PATH`` among a job's options: the layout a replay test reads back."""
+    for option in options:
+        if option.startswith("save="):
+            report.save(option[len("save="):])

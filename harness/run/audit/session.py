@@ -47,11 +47,12 @@ from torch.distributed.tensor import DTensor
 
 from harness.cases.layout import Placement
 from harness.cases.measured import (SCENARIO, Holding, candidates, class_tokens, holdings, measured_variant, mesh_from,
-                                    parameter_names, placement_from)
+                                    not_as_dtensors, parameter_names, placement_from, spans_from)
 from harness.cases.variant import CaseSpec
 from harness.clipmath import EPS, local_tensor
-from harness.judge.blame import blame_reason, group_only, parameter_groups
+from harness.judge.blame import blame_reason, group_only, group_tables, parameter_groups
 from harness.judge.checks import evaluate, unjudged_result
+from harness.judge.one_group import one_group_signature
 from harness.judge.records import CaseResult, Coefficients, RankRecord, Replication, StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
@@ -82,6 +83,8 @@ class _Case:
     truth: float
     held: list[Holding]
     tokens: dict[tuple[int, str], str]
+    notes: list[str]
+    """What rank 0 adds to the audit's notes about the measured case."""
 
 
 def clip_label(clip: Callable[..., Any]) -> str:
@@ -111,11 +114,11 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     first = GradientPass(norm_type)
     before = {n: first.add(g) for n, g in grads.items() if g is not None}
     first.finish()
-    axes, declared, notes = job_mesh(params, mesh, world.world_size)
+    axes, declared, spans, notes = job_mesh(params, mesh, world.world_size)
     record = {"params": [[n, dtype_label(local_tensor(p).dtype), bool(p.requires_grad), list(local_tensor(p).shape)]
                          for n, p in params],
               "grads": {n: s.record() for n, s in before.items()}, "mesh": axes,
-              "declared": declared, "notes": notes, "blame": bool(blame and restore)}
+              "declared": declared, "spans": spans, "notes": notes, "blame": bool(blame and restore)}
     records = world.gather_json("audit-measure", record, world.exchange_deadline_s)
     clock.lap("measure")
 
@@ -233,10 +236,12 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
         _put_back(model, originals, copies)
     verdict = None
     if world.rank == 0:
-        verdict = {"verdict": result.verdict if result is not None else "ERROR", "text": _text(result, world)}
+        verdict = {"verdict": result.verdict if result is not None else "ERROR", "text": _text(result, world),
+                   "hint": _blame_hint(result)}
     shared = world.allgather_json("audit-verdict", verdict, world.exchange_deadline_s)[0]
     world.hang_handler = world.default_hang_handler
-    all_notes = sorted({n for rec in records or [] for n in rec["notes"]}) + notes
+    all_notes = sorted({n for rec in records or [] for n in rec["notes"]}) + notes + \
+        (measured.notes if measured is not None else []) + ([shared["hint"]] if shared["hint"] else [])
     return AuditReport(rank=world.rank, world_size=world.world_size, backend=world.backend,
                        verdict=shared["verdict"], text=shared["text"], result=result, notes=all_notes,
                        seconds=clock.seconds)
@@ -333,7 +338,11 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
                 declared.setdefault(name, {axis: placement_from(p) for axis, p in placed.items()})
     per_rank = [{n: tokens.get((r, n)) for n in names} for r in range(world)]
     pre = from_digests(names, per_rank, mesh, classes=True)
-    variant = measured_variant(records, tokens, mesh, declared, pre.distinct)
+    spans = spans_from(records) if declared else {}
+    variant = measured_variant(records, tokens, mesh, declared, pre.distinct, spans)
+    plain = not_as_dtensors(variant.layout, declared, spans) if declared else None
+    notes = [f"report.save: its replay builds every parameter as a plain tensor (torch-dtensor cannot run on it): "
+             f"{plain}"] if plain else []
     by = {(h.rank, h.name): h for h in held}
     stats = StatsTable(
         names=names,
@@ -343,7 +352,17 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
     )
     truth = measured_norm(stats, pre, mesh, norm_type)
     case = CaseSpec(0, SCENARIO, variant, label, norm_type, max_norm)
-    return _Case(case, names, stats, pre, truth, held, tokens)
+    return _Case(case, names, stats, pre, truth, held, tokens, notes)
+
+
+UNBLAMED = ("restore=True names the groups to blame (with blame on): the audit then keeps a copy of the gradients and "
+            "calls the clip once more per parameter group, the others zero")
+"""The line of a wrong norm whose groups were not weighed (``restore=False``, or ``blame=False``)."""
+
+
+def _blame_hint(result: CaseResult | None) -> str | None:
+    """``UNBLAMED`` where the norm is wrong, attributable, and no group was weighed."""
+    return UNBLAMED if result is not None and not result.blame and blame_reason(result) is None else None
 
 
 def _judge(measured: _Case, records: Sequence[RankRecord]) -> CaseResult:
@@ -357,7 +376,9 @@ def _judge(measured: _Case, records: Sequence[RankRecord]) -> CaseResult:
     for rec in judged:
         rec.pop("post", None)
     _agreed_implied(judged, measured.case.variant.injection.dtype)
-    return evaluate(measured.case, measured.truth, measured.truth, measured.stats, measured.pre, post_rep, judged)
+    result = evaluate(measured.case, measured.truth, measured.truth, measured.stats, measured.pre, post_rep, judged)
+    result.signature = one_group_signature(result, measured.stats, measured.pre)
+    return result
 
 
 def _agreed_implied(records: list[RankRecord], dtype: str) -> None:
@@ -431,12 +452,7 @@ def _group_implied_norm(model: nn.Module, group: set[str], copies: Grads, max_no
 def _group_result(measured: _Case, group: set[str], records: Sequence[RankRecord]) -> CaseResult:
     """A one-group run judged as its own case: the truth of the group's gradients (each class it holds
     once: a copy tied under a name outside the group was zero in this run)."""
-    stats, pre = measured.stats, measured.pre
-    classes = pre.classes or {}
-    sub_stats = StatsTable(stats.names, stats.numel, stats.itemsize,
-                           [[v if n in group else 0.0 for n, v in zip(stats.names, row)] for row in stats.pow_sum])
-    sub_pre = Replication(pre.distinct, {n: [k if n in group or k is None else f"zeroed|{r}|{n}"
-                                             for r, k in enumerate(keys)] for n, keys in classes.items()})
+    sub_stats, sub_pre = group_tables(measured.stats, measured.pre, group)
     truth = measured_norm(sub_stats, sub_pre, measured.case.layout.mesh, measured.case.norm_type)
     case = group_only(measured.case, sorted(group))
     judged = [rec.copy() for rec in records]

@@ -4,12 +4,13 @@ call a target this way, so a raise, a hang or a broken group is handled alike in
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from typing import Any, Callable
 
 from harness.judge.checks import is_collateral
-from harness.run.guards.watchdog import watched
+from harness.run.guards.watchdog import HungStack, watched
 from harness.run.world.devices import settle
 from harness.run.world.dist_world import DistWorld, WorldBroken
 
@@ -21,6 +22,27 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message[:300]}{where}"
 
 
+_CALLERS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), folder) + os.sep
+                 for folder in ("case", "audit"))
+"""The folders of the harness's code between the guard and the target (the runner's call, the audit's)."""
+
+
+def hang_message(stack: HungStack, deadline_s: float) -> str:
+    """What a hung call says: where it is stuck, then its stack from the target's call down (the
+    target's own frames, which say what hung, lead; the harness's frames that made the call are left
+    out), then the whole stack, launcher frames included, for whoever needs it. The whole stack ends in
+    the innermost frame, as a traceback does (``harness.run.audit.session`` reads it there)."""
+    call = stack.body
+    while call and call[0].filename.startswith(_CALLERS):
+        call = call[1:]
+    call = call or stack.body or list(stack.frames)
+    where = f" in {call[-1].name} at {call[-1].filename}:{call[-1].lineno}" if call else ""
+    lead = "".join(traceback.format_list(call)).rstrip()
+    return (f"hung: no answer from the function under test after {deadline_s:.0f} s, stuck{where}; "
+            f"its stack from the call down (innermost last):\n{lead}\n"
+            f"the whole stack, outermost first (the launcher's frames included):\n{stack.text()}")
+
+
 def guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
     """Run a piece of the function under test (or its framework's setup) on this rank without
     letting a failure leave the rank out of step: an exception is caught and the rank abandons its
@@ -30,10 +52,8 @@ def guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, s
     of the target's shows up."""
     start = time.perf_counter()
 
-    def on_hang(stack: str) -> None:
-        message = (f"hung: no answer from the function under test after {world.hang_deadline_s:.0f} s; "
-                   f"its stack:\n{stack}")
-        world.post_hung(topic, {"error": message, "fault": None, "broken": True})
+    def on_hang(stack: HungStack) -> None:
+        world.post_hung(topic, {"error": hang_message(stack, world.hang_deadline_s), "fault": None, "broken": True})
 
     with watched(world.hang_deadline_s, on_hang):
         try:
