@@ -35,7 +35,7 @@ group norms are combined. One group only: stock ``torch.nn.utils.clip_grad_norm_
     norm.
   * ``tp all plain``: every TP-sharded parameter a plain local shard (column-parallel dim 0,
     row-parallel dim 1), norms and embedding plain replicas, no DTensor at all: what
-    ``from_pretrained(tp_plan="auto")`` leaves with transformers **5.5 to 5.14** (5.5.4, 5.10.4 and
+    ``from_pretrained(tp_plan="auto")`` leaves with transformers **5.3 to 5.14** (5.3.0, 5.5.4, 5.10.4 and
     5.14.1 checked; 5.16.1, 5.17.0 and the pinned 5.18.0 make DTensors again, 4.x makes DTensors of
     colwise/rowwise) for any model with a TP plan. accelerate then has one (plain) group and calls
     ``torch.nn.utils.clip_grad_norm_`` on rank-local gradients: each rank clips by its own shards.
@@ -150,7 +150,7 @@ class AccelerateParallelism(Scenario):
             add("tp all DTensor", tp, AccelerateSetup(False, 1, 1, n, replicated), "accelerate-dense")
             add("tp experts plain", tp, AccelerateSetup(False, 1, 1, n, {**tp_plan, EXPERTS: LOCAL}),
                 "accelerate-experts", experts=True)
-            # every TP shard plain (transformers 5.5-5.14); no invariance key: its clip is known to differ
+            # every TP shard plain (transformers 5.3-5.14); no invariance key: its clip is known to differ
             add("tp all plain", tp, AccelerateSetup(False, 1, 1, n, {Q_PROJ: LOCAL, O_PROJ: LOCAL_ROWWISE,
                                                                         DOWN_PROJ: LOCAL_ROWWISE}), None)
             # a NaN on the last tp rank only: in a row-parallel DTensor (last column), or in its plain experts
