@@ -63,13 +63,14 @@ class _RenamedModules:
     """The import hook behind ``RENAMED`` (a package's submodules follow it: ``harness.spec.layout``)."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> "ModuleSpec | None":
-        old = next((o for o in sorted(RENAMED, key=len, reverse=True)
-                    if fullname == o or (fullname.startswith(o + ".") and o == "harness.spec")), None)
-        if old is None:
+        if fullname in RENAMED:
+            new = RENAMED[fullname]
+        elif fullname.startswith("harness.spec."):
+            new = RENAMED["harness.spec"] + fullname[len("harness.spec"):]
+        else:
             return None
         import importlib.util
 
-        new = RENAMED[fullname] if fullname in RENAMED else RENAMED[old] + fullname[len(old):]
         warnings.warn(f"{fullname} is now {new}", DeprecationWarning, stacklevel=2)
         return importlib.util.spec_from_loader(fullname, _Alias(new))
 

@@ -180,14 +180,14 @@ def _run_plan(pool: RankPool, plan: Plan, world: int, backend: str, out: io.Stri
     worlds still run."""
     reporter = Reporter(out, None, world, backend, verbose=False, targets=plan.targets)
     reporter.header(len(plan.cases), plan.header_lines())
-    pending = list(plan.cases)
+    judged = 0
     try:
         pool.run(forget_blame)  # the plan's weighings are its own
-        while pending:
-            reporter.case(run_case_on_pool(pool, pending[0], plan.scenarios[pending[0].scenario], blame))
-            pending.pop(0)
+        for case in plan.cases:
+            reporter.case(run_case_on_pool(pool, case, plan.scenarios[case.scenario], blame))
+            judged += 1
     except PoolBroken as exc:
-        for case in pending:
+        for case in plan.cases[judged:]:
             reporter.case(unjudged_result(case, "not_run", f"not run: {exc}", world))
     reporter.finish()
     records.extend(reporter.records)

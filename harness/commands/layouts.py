@@ -27,7 +27,7 @@ from harness.cases.matrix import MatrixSpec
 from harness.cases.parallelism import parallelism_of
 from harness.cases.scenario import Scenario
 from harness.cases.variant import Variant
-from harness.commands.options import add_layout_selection_options, print_error, spec_from_args
+from harness.commands.options import add_layout_selection_options, print_error, spec_from_args, world_sizes
 from harness.errors import ClipcheckInputError
 from harness.judge.verdicts import EXIT_USAGE
 from harness.plan.planner import Plan, check_spec, plan_layouts
@@ -54,13 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _worlds(text: str | None, spec: MatrixSpec) -> list[int]:
     if text is None:
         return list(spec.worlds) or [DEFAULT_WORLD]
-    try:
-        worlds = [int(part) for part in text.replace(",", " ").split()]
-    except ValueError:
-        raise ClipcheckInputError(f"--nproc needs whole numbers, got {text!r}") from None
-    if not worlds or min(worlds) < 1:
-        raise ClipcheckInputError(f"--nproc needs positive world sizes, got {text!r}")
-    return worlds
+    return world_sizes(text, "--nproc")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from harness.commands.exclusive import OutputClaim
 from harness.commands.forked import ForkedProcess, fork_problem
 from harness.commands.launcher import main as launcher_main
 from harness.commands.options import add_selection_options, add_spawn_ranks_option, print_error, resolve_timeout, \
-    spec_from_args
+    spec_from_args, world_sizes
 from harness.plan.project import ProjectDefaults, project_defaults
 from harness.cases.matrix import MatrixSpec
 from harness.run.world.devices import cuda_device_count, world_skip_reason
@@ -109,12 +109,7 @@ def plan_launches(args: argparse.Namespace, out: Path,
     """Every (backend, world) launch, planned; what cannot run here is listed, not launched. ``spec``:
     ``matrix_spec``'s (without it, the flags and ``--matrix`` alone)."""
     spec = spec if spec is not None else spec_from_args(args)
-    try:
-        worlds = [int(w) for w in _split(args.nproc_list)]
-    except ValueError:
-        raise ClipcheckInputError(f"--nproc-list needs whole numbers, got {args.nproc_list!r}") from None
-    if not worlds or min(worlds) < 1:
-        raise ClipcheckInputError("--nproc-list needs positive world sizes")
+    worlds = world_sizes(args.nproc_list, "--nproc-list")
     backends = _split(args.backends) or list(spec.backends) or [default_backend()]
     for backend in backends:
         if backend not in ("gloo", "nccl"):

@@ -78,6 +78,18 @@ def resolve_timeout(args: argparse.Namespace, project: ProjectDefaults, default:
         raise ClipcheckInputError(problem)
 
 
+def world_sizes(text: str, flag: str) -> list[int]:
+    """World sizes given as text, comma or space separated (``--nproc-list 1,2,4``, ``NPROC_LIST="2 4"``,
+    ``clipcheck layouts --nproc 2,4``); anything else is one line naming ``flag``."""
+    try:
+        worlds = [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        raise ClipcheckInputError(f"{flag} needs whole numbers, got {text!r}") from None
+    if not worlds or min(worlds) < 1:
+        raise ClipcheckInputError(f"{flag} needs positive world sizes, got {text!r}")
+    return worlds
+
+
 def unwritable(path: str | None) -> str | None:
     """Why a results file cannot be written there (checked before any process starts), or None."""
     if path is None:

@@ -61,7 +61,8 @@ from harness.run.audit.job_mesh import job_mesh
 from harness.run.case.model_state import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.case.blame_reruns import weigh_groups
 from harness.run.audit.with_copy import blocked_coefficients
-from harness.run.case.effects import CallEffects, canonical_nans, consistent_policies, mangled_reason, sanitize
+from harness.run.case.effects import (POLICIES, CallEffects, canonical_nans, consistent_policies, mangled_reason,
+                                     sanitize)
 from harness.run.audit.gradient_pass import GradientPass, Stats, dtype_label
 from harness.run.audit.audit_report import AuditReport
 from harness.run.case.measure import from_digests, linear_digest
@@ -175,7 +176,8 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     named = dict(model.named_parameters())
     after = {n: None if (p := named.get(n)) is None or p.grad is None else local_tensor(p.grad) for n in grads}
     post, mangled = sanitize(standins, after)
-    for name, why in state_before.wrapper_changes(ModelState.of(model)).items():
+    state_after = ModelState.of(model)
+    for name, why in state_before.wrapper_changes(state_after).items():
         mangled.setdefault(name, why)
         post[name] = None
     second = GradientPass(norm_type)
@@ -197,7 +199,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
         replaced=[],  # not judged: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
         created=[n for n, g in grads.items() if g is None and after.get(n) is not None],
         changed=marks.changed(ParamMarks.of(list(model.named_parameters()))),
-        flags=state_before.flag_changes(ModelState.of(model)),
+        flags=state_before.flag_changes(state_after),
         policies=_policies(before, post, copies, digests_before) if nonfinite else None, nonfinite=nonfinite)
     local = effects.record(late=_late(model, threads_before, [n for n, _ in params]), stale_truth=False,
                            undelivered=[])
@@ -249,8 +251,6 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
 
 class _Clock:
     def __init__(self) -> None:
-        import time
-
         self._now = time.perf_counter
         self._last = self._now()
         self.seconds: dict[str, float] = {}
@@ -314,7 +314,7 @@ def _policies(before: Mapping[str, Stats], post: Grads, copies: Grads | None,
         return consistent_policies(copies, post)
     if not before:
         return None
-    ok = dict.fromkeys(("leave", "zero", "poison"), True)
+    ok = dict.fromkeys(POLICIES, True)
     for name, stats in before.items():
         one = cheap_policies(stats, post.get(name), digests.get(name))
         ok = {k: ok[k] and one[k] for k in ok}

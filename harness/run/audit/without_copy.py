@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from harness.clipmath import local_tensor
-from harness.run.case.effects import canonical_nans
+from harness.run.case.effects import POLICIES, canonical_nans
 from harness.run.audit.gradient_pass import Stats, sample_positions
 from harness.run.case.measure import linear_digest
 
@@ -105,7 +105,7 @@ def cheap_policies(before: Stats, after: torch.Tensor | None, digest_before: str
     """Which non-finite policies one gradient is consistent with, from what was kept: ``leave`` by its
     digest before and after, ``zero`` and ``poison`` from the gradient after the call."""
     if after is None:
-        return dict.fromkeys(("leave", "zero", "poison"), False)
+        return dict.fromkeys(POLICIES, False)
     nan = torch.isnan(after)
     nans = int(nan.sum())
     canonical = canonical_nans({"g": after})["g"]
