@@ -2,6 +2,7 @@
 
     python bench/audit_bench.py --params 1e9 --world 4         # the issue's size: 1B parameters at world 4
     python bench/audit_bench.py --params 2.5e8 --world 4       # what a shared 2-core machine holds
+    python bench/audit_bench.py --job fsdp2 --params 5e7 --world 2   # a user's FSDP2 job, torch's own clip
 
 Starts ``--world`` CPU ranks (torchrun's elastic agent, gloo) holding a model of ``--params`` logical
 parameters laid out as a sharded training job holds it: 98% of the parameters sharded (FSDP shards and
@@ -20,6 +21,11 @@ tensors of ``--tensor`` elements (fp32). Each rank's gradients are set, then:
 * peak memory: each rank's peak resident set during the audit above what it held before it (the
   kernel's high-water mark, reset first through ``/proc/self/clear_refs``), next to its gradients' bytes:
   without ``restore`` well under one copy of the gradients, with it about one copy.
+
+``--job fsdp2`` measures the same on a job as users run it: an MLP of square ``nn.Linear`` layers (width
+4096) of ``--params`` parameters, each layer ``fully_shard``-ed over every rank (FSDP2: DTensor
+gradients), one real forward and backward (its reduce-scatters), and torch's own
+``clip_grad_norm_(model.parameters(), max_norm)`` as the clip.
 
 Rank 0 prints one table and, with ``--json PATH``, writes the figures. Run it on a quiet machine.
 """
@@ -82,6 +88,38 @@ def _model(params: float, world: int, rank: int, tensor: int) -> Any:
     return model
 
 
+WIDTH = 4096
+"""The FSDP2 job's layer width: 16.8M parameters per layer, as a transformer's projections hold them."""
+
+
+def _fsdp2_job(params: float, world: int) -> Any:
+    """A model as an FSDP2 user's job holds it after its backward: square layers sharded over every rank."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    layers = max(1, round(params / (WIDTH * WIDTH + WIDTH)))
+    model = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(layers)))
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    torch.manual_seed(100 + torch.distributed.get_rank())  # each rank its own batch
+    model(torch.randn(8, WIDTH)).pow(2).mean().backward()
+    return model
+
+
+def _torch_clip(model: Any) -> Any:
+    import torch
+
+    def clip() -> Any:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), 1e30)  # coefficient 1: values unchanged
+
+    return clip
+
+
 def _clip(model: Any, world: int) -> Any:
     import torch
     import torch.distributed as dist
@@ -126,9 +164,16 @@ def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    model = _model(args.params, world, rank, args.tensor)
-    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
-    clip = _clip(model, world)
+    if args.job == "fsdp2":
+        from harness.clipmath import local_tensor
+
+        model = _fsdp2_job(args.params, world)
+        clip = _torch_clip(model)
+        grad_bytes = sum(local_tensor(p.grad).numel() * p.grad.element_size() for p in model.parameters())
+    else:
+        model = _model(args.params, world, rank, args.tensor)
+        clip = _clip(model, world)
+        grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     clip_s, _, _, clip_cpu = _timed(clip, args.repeat)
     figures: dict[str, Any] = {"rank": rank, "grad_bytes": grad_bytes, "clip_s": clip_s, "clip_cpu_s": clip_cpu}
     dist.barrier()
@@ -163,8 +208,10 @@ def _report(args: argparse.Namespace, every: list[dict[str, Any]]) -> None:
     restore_s = max(f["restore_s"] for f in every)
     grads = max(f["grad_bytes"] for f in every)
     gib = 1 << 30
-    print(f"audit_bench: {args.params:.3g} parameters at world {args.world} (CPU, gloo, fp32, tensors of "
-          f"{args.tensor}); gradients per rank {grads / gib:.2f} GiB")
+    shape = (f"an FSDP2 MLP of width {WIDTH}, torch's clip_grad_norm_" if args.job == "fsdp2" else
+             f"tensors of {args.tensor}")
+    print(f"audit_bench: {args.params:.3g} parameters at world {args.world} (CPU, gloo, fp32, {shape}); "
+          f"gradients per rank {grads / gib:.2f} GiB")
     print(f"  one clip call      {clip_s:8.3f} s")
     first_s = max(f["first_s"] for f in every)
     print(f"  audit              {audit_s:8.3f} s   ratio {audit_s / clip_s:5.2f} (target <= 3)   "
@@ -197,6 +244,9 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--tensor", type=int, default=1 << 22, help="elements per parameter tensor")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--job", choices=("synthetic", "fsdp2"), default="synthetic",
+                        help="synthetic: sharded and replicated tensors, a hand-written clip (default); "
+                             "fsdp2: an FSDP2 MLP and torch's own clip")
     parser.add_argument("--json", default=None)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -208,7 +258,7 @@ def main() -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.world}",
            __file__, "--rank", "--params", str(args.params), "--world", str(args.world), "--tensor", str(args.tensor),
-           "--repeat", str(args.repeat)] + (["--json", args.json] if args.json else [])
+           "--repeat", str(args.repeat), "--job", args.job] + (["--json", args.json] if args.json else [])
     sys.exit(subprocess.call(cmd, env=env))
 
 

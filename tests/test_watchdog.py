@@ -4,8 +4,10 @@ watched call, so a call that finished must not be reported, a hang must be, and 
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+import weakref
 
 from harness.run.guards.watchdog import HungStack, watched
 
@@ -57,3 +59,30 @@ def test_a_forked_child_has_a_working_watchdog():
         os._exit(0 if reports else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class _Big:
+    """Stands for what a watched call's caller holds (``harness.audit``'s copy of the gradients)."""
+
+
+def _call_holding(keep: list["weakref.ref[_Big]"]) -> None:
+    held = _Big()
+    keep.append(weakref.ref(held))
+    with watched(30.0, lambda stack: None):
+        time.sleep(0.2)  # the watchdog thread takes the call up (and, before, kept what it took)
+
+
+def test_a_finished_call_leaves_nothing_of_its_callers_alive():
+    """The watchdog thread waits for the next call holding nothing of the last one: it kept the frame
+    that entered the watched block, and with it every local of the functions that called it, until the
+    next call (harness.audit's restore=True copy of the gradients outlived the audit: two copies at the
+    next audit's peak)."""
+    keep: list[weakref.ref[_Big]] = []
+    with watched(30.0, lambda stack: None):  # the watchdog thread exists and waits
+        pass
+    _call_holding(keep)
+    deadline = time.monotonic() + 5
+    while keep[0]() is not None and time.monotonic() < deadline:  # the thread lets go once it wakes
+        gc.collect()
+        time.sleep(0.01)
+    assert keep[0]() is None, "the watchdog still holds the frames of a call that has returned"

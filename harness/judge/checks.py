@@ -538,15 +538,8 @@ def evidence_of(case: CaseSpec, truth: float, stats: StatsTable, pre: Replicatio
         unreduced={axis: unreduced_over(stats, pre, mesh, axis, case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(stats, pre, mesh, axis, case.norm_type) for axis in axes},
         max_norm=case.max_norm,
-        replica_counts=replica_counts(case),
+        replica_counts=case.layout.replica_counts(),
     )
-
-
-def replica_counts(case: CaseSpec) -> frozenset[int]:
-    """Every true replica count above 1 that a gradient of ``case`` has on some rank."""
-    layout = case.layout
-    return frozenset(count for spec in layout.trainable for rank in range(layout.mesh.world_size)
-                     if layout.is_present(spec, rank) and (count := layout.replica_count(spec, rank)) > 1)
 
 
 def signature_of(result: CaseResult) -> list[str]:

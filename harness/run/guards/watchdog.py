@@ -110,11 +110,11 @@ class _Watchdog:
                 if self._armed is None:
                     self._changed.wait()
                     continue
-                _, deadline, on_hang, entered = self._armed
-                left = deadline - time.monotonic()
-                if left > 0:
+                left = self._armed[1] - time.monotonic()
+                if left > 0:  # waits holding nothing of the call: its frames, and their locals, die with it
                     self._changed.wait(left)
                     continue
+                _, _, on_hang, entered = self._armed
                 self._armed, self._thread = None, None  # this thread now belongs to on_hang
                 break
         on_hang(main_thread_stack(entered))

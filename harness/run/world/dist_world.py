@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, TypeVar
 
@@ -42,7 +43,7 @@ from harness.run.world.devices import nccl_error_environment
 from harness.cases.layout import MeshSpec
 from harness.errors import ClipcheckError
 from harness.run.world.release import release_peers
-from harness.run.world.torch_compat import groups_alive, member_group, set_group_timeout
+from harness.run.world.torch_compat import groups_alive, member_group, registered_groups, set_group_timeout
 
 
 class DeadRankError(ClipcheckError, RuntimeError):
@@ -171,7 +172,12 @@ COLLECTIONS_MAX = 4
 """Full collections ``free_dropped_groups`` makes at most (two suffice in practice: see its docstring)."""
 
 
-def free_dropped_groups() -> None:
+RELEASE_WAIT_S = 30.0
+"""How long ``free_dropped_groups`` waits for the dropped groups' destructors (each joins its own threads);
+one still running after that finishes in the background."""
+
+
+def free_dropped_groups(held: list[dist.ProcessGroup]) -> None:
     """Free the process groups nothing refers to any more, so that their threads end.
 
     Dropping them is not enough: ``destroy_process_group`` only forgets a gloo group (its ``shutdown``
@@ -179,10 +185,27 @@ def free_dropped_groups() -> None:
     often sit in reference cycles (a framework's modules and their hooks, a DeviceMesh and its children),
     which only a collection of the oldest generation breaks, and Python makes one rarely. One collection
     does not always do: what it frees can release C++ objects (autograd nodes, hooks) that held the last
-    references into other cycles, garbage only for the next one; so collect until nothing is found."""
+    references into other cycles, garbage only for the next one; so collect until nothing is found.
+
+    ``held`` (emptied here) keeps the dropped groups alive through the collections, so that their
+    destructors run afterwards, each in a thread of its own: a gloo group's destructor joins its
+    transport thread, which notices only at its next poll, and one after another those waits added up to
+    most of a renewal's time (docs/performance.md); torch releases the GIL while it destroys a group, so
+    the waits overlap. A group something else still refers to (DTensor's C++ side) lives on, as before."""
     for _ in range(COLLECTIONS_MAX):
         if gc.collect() == 0:
-            return
+            break
+    releasers = []
+    while held:
+        box = [held.pop()]
+        releaser = threading.Thread(target=box.clear, name=f"clipcheck-release-{len(held)}", daemon=True)
+        del box
+        releasers.append(releaser)
+    for releaser in releasers:
+        releaser.start()
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    for releaser in releasers:
+        releaser.join(max(0.0, deadline - time.monotonic()))
 
 
 T = TypeVar("T")
@@ -219,6 +242,8 @@ class DistWorld:
         """The most groups any rank held at the end of the last case (``guard.agree``: alike on every
         rank); past ``GROUP_BUDGET``, a renewal is due (``before_case``)."""
         self._dropped_groups = False  # groups were dropped since the last ``free_dropped_groups``
+        self._held_groups: list[dist.ProcessGroup] = []
+        """The groups this rank dropped, kept until ``free_dropped_groups`` destroys them together."""
         self._per_generation: dict[Hashable, Any] = {}
         self._releases: list[Callable[[], None]] = []
         self._last_layout: Hashable = None
@@ -342,6 +367,7 @@ class DistWorld:
         ``at_generation_end``). They are freed (their threads ended) at the next ``before_case`` or
         ``close``, once nothing of the case that used them is left."""
         if dist.is_initialized():
+            self._held_groups += registered_groups()
             dist.destroy_process_group()
         forget_dtensor_caches()
         self._per_generation = {}
@@ -406,7 +432,7 @@ class DistWorld:
 
     def _free_dropped_groups(self) -> None:
         if self._dropped_groups:
-            free_dropped_groups()
+            free_dropped_groups(self._held_groups)
             self._dropped_groups = False
 
     def close(self) -> None:

@@ -43,6 +43,13 @@ def member_group(made: object) -> "dist.ProcessGroup":
     return made
 
 
+def registered_groups() -> list["dist.ProcessGroup"]:
+    """The process groups in torch's own map of them (``_world.pg_map``, private, present in every release
+    of the range), the default group included; empty where it is missing."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    return list(getattr(world, "pg_map", None) or {})
+
+
 def groups_alive() -> int:
     """How many process groups this process is a member of in the current default group's lifetime, the
     default group included: torch's own map of them (``_world.pg_map``, private, present in every release
