@@ -19,8 +19,11 @@ slowest rank). The phases:
   measure (the pre-call truth, its store round inside ``exchange``), target (the clip function under test;
   ``target (backward)``: a framework's own backward, which delivers the gradients), effects (what the call
   did: flags and wrappers ``(state)``, late changes ``(late)``, processes left ``(processes)``, the replicas'
-  digests ``(replicas)``), judge and write (rank 0), exchange (every store round), the post-case checks
-  (``late check``, ``blame``, ``honest plan``: their rounds when nothing is re-run), and ``loop`` (the rest).
+  digests ``(replicas)``), judge and write (rank 0), exchange (the store rounds, by topic), ``late check`` (the last case's model
+  checked once more), ``blame`` and ``honest plan`` (a failing case's re-runs, outside their own cases' phases),
+  and ``loop`` (the rest).
+An exchange is named by its topic: ``exchange (status)``, the round after the target's call, is where rank 0
+waits for the slowest rank's call to end, part of the target's own ``seconds``.
 The targets' own ``seconds`` in the records (overhead_bench's denominator) are the ``target`` phase's
 slowest rank, per case.
 """
@@ -117,7 +120,7 @@ def install() -> None:
     _patch(runner, "guarded", _target_phase)
     _patch(TruthCache, "measure", "measure")
     for name in ("allgather_json", "gather_json"):
-        _patch(DistWorld, name, "exchange")
+        _patch(DistWorld, name, lambda world, topic, *rest, **kw: f"exchange ({topic})")
     for name in ("mesh", "before_case"):
         _patch(DistWorld, name, "build (groups)")
     _patch(DistWorld, "teardown", "build (groups dropped)")

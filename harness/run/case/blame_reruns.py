@@ -29,22 +29,31 @@ def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, s
                         blame: str | bool = "auto") -> CaseResult | None:
     """``run_case``, then the diagnosis of a failure (unless ``blame`` is off): when its norm is wrong,
     the weight of each parameter group (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``,
-    False ``off``); when its layout's declared plan lies, whether the clip is exact on the honest plan."""
+    False ``off``); when its layout's declared plan lies, whether the clip is exact on the honest plan.
+    Rank 0 decides both from the case's result, and one store round tells every rank."""
     mode = ("all" if blame else "off") if isinstance(blame, bool) else blame
     result = run_case(world, launch, case, scenario, target)
     if mode == "off" or case.skip is not None:
         return result
-    result = _weighed(world, launch, case, scenario, target, mode, result)
-    return _tried_on_the_honest_plan(world, launch, case, scenario, target, result)
+    decided = None
+    if world.rank == 0:
+        decided = {"blame": _blame_wanted(launch, mode, result), "honest": _honest_wanted(launch, case, result)}
+    decisions = world.allgather_json("diagnose", decided, world.timeout_s)[0]
+    if decisions["blame"]:
+        result = _weighed(world, launch, case, scenario, target, result)
+    return _tried_on_the_honest_plan(world, launch, case, scenario, target, result, decisions["honest"])
 
 
-def _weighed(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target, mode: str,
+def _blame_wanted(launch: LaunchState, mode: str, result: CaseResult | None) -> bool:
+    """Rank 0: whether the groups of this case are to be weighed (a wrong norm, not weighed on an earlier
+    case of its layout in ``auto``)."""
+    if result is None or blame_reason(result) is not None:
+        return False
+    return not (mode == "auto" and reuse_blame(launch.blamed, result))
+
+
+def _weighed(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
              result: CaseResult | None) -> CaseResult | None:
-    decision = None
-    if world.rank == 0 and result is not None and blame_reason(result) is None:
-        decision = "reuse" if mode == "auto" and reuse_blame(launch.blamed, result) else "run"
-    if not world.allgather_json("blame", decision == "run", world.timeout_s)[0]:
-        return result
     groups = parameter_groups([s.name for s in case.layout.trainable],
                               {s.name: s.present_ranks for s in case.layout.trainable})
     subs = [run_case(world, launch, group_only(case, params), scenario, target) for params in groups.values()]
@@ -70,15 +79,20 @@ def weigh_groups(result: CaseResult, groups: Mapping[str, Sequence[str]], subs: 
     return result
 
 
+def _honest_wanted(launch: LaunchState, case: CaseSpec, result: CaseResult | None) -> bool:
+    """Rank 0: whether this failing case's lying plan is to be tried once more on the honest plan (once per
+    layout, target, norm and dtype: ``launch.honest``)."""
+    return (result is not None and result.verdict == "FAIL" and bool(plan_lies(case.variant))
+            and blame_key(case) not in launch.honest)
+
+
 def _tried_on_the_honest_plan(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
-                              result: CaseResult | None) -> CaseResult | None:
-    """A failing case whose declared plan lies, run once more with the honest plan: when it then
-    passes, the failure comes from the declaration alone, and the result says so (fix the plan, not
-    the clip). Once per layout, target, norm and dtype (``launch.honest``)."""
+                              result: CaseResult | None, wanted: bool) -> CaseResult | None:
+    """A failing case whose declared plan lies, run once more with the honest plan (``wanted``: rank 0's
+    decision, on every rank): when it then passes, the failure comes from the declaration alone, and the
+    result says so (fix the plan, not the clip)."""
     key = blame_key(case)
-    wanted = (world.rank == 0 and result is not None and result.verdict == "FAIL" and bool(plan_lies(case.variant))
-              and key not in launch.honest)
-    if world.allgather_json("honest", wanted, world.timeout_s)[0]:
+    if wanted:
         honest = run_case(world, launch, dataclasses.replace(case, variant=with_honest_plan(case.variant)), scenario, target)
         if honest is not None:
             launch.honest[key] = honest.verdict == "PASS"

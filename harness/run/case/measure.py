@@ -158,17 +158,18 @@ _LINEAR_COLUMNS = 6
 most 2**-12 (the coefficients are uniform on 12 bits), in all six at most 2**-72."""
 _LINEAR_SMALL = 4096
 """Bytes below which the rest is hashed on the host (SHA-256)."""
-_LINEAR_CHUNK = {"cpu": 1 << 7, "cuda": 1 << 15}
-"""Rows converted at once: in cache on a CPU, large enough to keep a GPU busy."""
+_LINEAR_CHUNK = {"cpu": 1 << 10, "cuda": 1 << 15}
+"""Rows converted at once: a few MiB of scratch on a CPU, large enough to keep a GPU busy."""
 _COEFFICIENTS: dict[torch.device, torch.Tensor] = {}
 
 
 def _coefficients(device: torch.device) -> torch.Tensor:
-    """The fixed coefficient matrix (the same numbers on every rank and device: a seeded CPU generator)."""
+    """The fixed coefficient matrix, transposed (``_LINEAR_COLUMNS`` x ``_LINEAR_ROW``: the same numbers on
+    every rank and device, from a seeded CPU generator)."""
     if device not in _COEFFICIENTS:
         generator = torch.Generator().manual_seed(0x5EED)
         _COEFFICIENTS[device] = torch.randint(0, 1 << 12, (_LINEAR_ROW, _LINEAR_COLUMNS), generator=generator,
-                                              dtype=torch.int64).to(torch.float64).to(device)
+                                              dtype=torch.int64).to(torch.float64).t().contiguous().to(device)
     return _COEFFICIENTS[device]
 
 
@@ -185,21 +186,26 @@ def _linear_reduce(units: torch.Tensor) -> torch.Tensor:
     """One level of ``linear_digest``: rows of ``_LINEAR_ROW`` integers (the last one zero-padded) times
     the coefficient matrix, in float64. Every product is below 2**43 and every row sum below 2**52, so
     the arithmetic is exact and the result the same on any device and in any summation order. Returns
-    the row results as int32 words (their exact bits), the next level's input."""
+    the row results as int32 words (their exact bits), the next level's input. The product is taken
+    transposed (the coefficients times the rows' columns: a skinny matrix on the left runs faster on a
+    CPU), into a scratch buffer converted block by block; exactness makes the numbers the same."""
     device = units.device
     coefficients = _coefficients(device)
     rows = -(-units.numel() // _LINEAR_ROW)
-    out = torch.empty(rows, _LINEAR_COLUMNS, dtype=torch.float64, device=device)
+    out = torch.empty(_LINEAR_COLUMNS, rows, dtype=torch.float64, device=device)
     chunk = _LINEAR_CHUNK.get(device.type, _LINEAR_CHUNK["cuda"]) * _LINEAR_ROW
     full = units.numel() // _LINEAR_ROW * _LINEAR_ROW
+    scratch = torch.empty(min(chunk, full), dtype=torch.float64, device=device)
     for start in range(0, full, chunk):
-        part = units[start:min(start + chunk, full)].to(torch.float64).view(-1, _LINEAR_ROW)
-        torch.mm(part, coefficients, out=out[start // _LINEAR_ROW:start // _LINEAR_ROW + part.shape[0]])
+        part = scratch[:min(chunk, full - start)]
+        part.copy_(units[start:start + part.numel()])
+        at = start // _LINEAR_ROW
+        torch.mm(coefficients, part.view(-1, _LINEAR_ROW).t(), out=out[:, at:at + part.numel() // _LINEAR_ROW])
     if full < units.numel():
         tail = torch.zeros(_LINEAR_ROW, dtype=torch.float64, device=device)
         tail[: units.numel() - full] = units[full:].to(torch.float64)
-        out[-1] = tail @ coefficients
-    return out.to(torch.int64).view(torch.int32).reshape(-1)
+        out[:, -1] = coefficients @ tail
+    return out.t().contiguous().to(torch.int64).view(torch.int32).reshape(-1)
 
 
 def linear_digest(t: torch.Tensor) -> str:
