@@ -19,9 +19,9 @@ slowest rank). The phases:
   measure (the pre-call truth, its store round inside ``exchange``), target (the clip function under test;
   ``target (backward)``: a framework's own backward, which delivers the gradients), effects (what the call
   did: flags and wrappers ``(state)``, late changes ``(late)``, processes left ``(processes)``, the replicas'
-  digests ``(replicas)``), judge and write (rank 0), exchange (the store rounds, by topic), ``late check`` (the last case's model
-  checked once more), ``blame`` and ``honest plan`` (a failing case's re-runs, outside their own cases' phases),
-  and ``loop`` (the rest).
+  digests ``(replicas)``), judge and write (rank 0), exchange (the store rounds, by topic), ``late check``
+  (the last case's model checked once more), ``blame`` and ``honest plan`` (a failing case's re-runs,
+  outside their own cases' phases), and ``loop`` (the rest).
 An exchange is named by its topic: ``exchange (status)``, the round after the target's call, is where rank 0
 waits for the slowest rank's call to end, part of the target's own ``seconds``.
 The targets' own ``seconds`` in the records (overhead_bench's denominator) are the ``target`` phase's

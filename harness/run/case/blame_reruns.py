@@ -93,7 +93,8 @@ def _tried_on_the_honest_plan(world: DistWorld, launch: LaunchState, case: CaseS
     result says so (fix the plan, not the clip)."""
     key = blame_key(case)
     if wanted:
-        honest = run_case(world, launch, dataclasses.replace(case, variant=with_honest_plan(case.variant)), scenario, target)
+        honest_case = dataclasses.replace(case, variant=with_honest_plan(case.variant))
+        honest = run_case(world, launch, honest_case, scenario, target)
         if honest is not None:
             launch.honest[key] = honest.verdict == "PASS"
     if result is not None and launch.honest.get(key):

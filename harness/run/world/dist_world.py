@@ -190,8 +190,9 @@ def free_dropped_groups(held: list[dist.ProcessGroup]) -> None:
     ``held`` (emptied here) keeps the dropped groups alive through the collections, so that their
     destructors run afterwards, each in a thread of its own: a gloo group's destructor joins its
     transport thread, which notices only at its next poll, and one after another those waits added up to
-    most of a renewal's time (docs/performance.md); torch releases the GIL while it destroys a group, so
-    the waits overlap. A group something else still refers to (DTensor's C++ side) lives on, as before."""
+    most of a renewal's time (docs/performance.md, "World 4, phase by phase"); torch releases the GIL while
+    it destroys a group, so the waits overlap. A group something else still refers to (DTensor's C++ side)
+    lives on, as before."""
     for _ in range(COLLECTIONS_MAX):
         if gc.collect() == 0:
             break
