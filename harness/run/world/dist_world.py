@@ -368,7 +368,8 @@ class DistWorld:
         ``at_generation_end``). They are freed (their threads ended) at the next ``before_case`` or
         ``close``, once nothing of the case that used them is left."""
         if dist.is_initialized():
-            self._held_groups += registered_groups()
+            if self.backend == "gloo":  # nccl's groups are left to torch: their teardown was never measured here
+                self._held_groups += registered_groups()
             dist.destroy_process_group()
         forget_dtensor_caches()
         self._per_generation = {}
