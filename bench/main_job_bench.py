@@ -33,9 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers import each other as top-level modules
 
 from harness.run.guards.family import descendants, process_parents  # noqa: E402
-from tests.harness_runs import threads_of  # noqa: E402
+from harness_runs import threads_of  # noqa: E402
 
 SAMPLE_S = 0.2
 THREAD_CEILING = 64
