@@ -94,7 +94,9 @@ def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
     rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
     held = rows_before > 0
     spread = 0.0
-    if bool(((~held) & (rows_after != 0)).any()):
+    if bool(held.all()):  # the usual gradient: no zero row, so no row to leave out (nor copies to make)
+        spread = float((rows_after / rows_before).sub_(abs(c)).abs_().max()) / abs(c) if held.numel() else 0.0
+    elif bool(((~held) & (rows_after != 0)).any()):
         spread = math.inf  # values appeared where there were only zeros
     elif bool(held.any()):
         spread = float(((rows_after[held] / rows_before[held]) - abs(c)).abs().max()) / abs(c)
