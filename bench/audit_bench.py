@@ -164,16 +164,15 @@ def rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     world, rank = dist.get_world_size(), dist.get_rank()
-    if args.job == "fsdp2":
-        from harness.clipmath import local_tensor
+    from harness.clipmath import local_tensor
 
+    if args.job == "fsdp2":
         model = _fsdp2_job(args.params, world)
         clip = _torch_clip(model)
-        grad_bytes = sum(local_tensor(p.grad).numel() * p.grad.element_size() for p in model.parameters())
     else:
         model = _model(args.params, world, rank, args.tensor)
         clip = _clip(model, world)
-        grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    grad_bytes = sum(local_tensor(p.grad).numel() * p.grad.element_size() for p in model.parameters())
     clip_s, _, _, clip_cpu = _timed(clip, args.repeat)
     figures: dict[str, Any] = {"rank": rank, "grad_bytes": grad_bytes, "clip_s": clip_s, "clip_cpu_s": clip_cpu}
     dist.barrier()

@@ -15,6 +15,8 @@ same tensor dim; they nest in mesh order (``ep`` then ``ep_fsdp`` on dim 0 split
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Union
@@ -250,7 +252,6 @@ class Layout:
     mesh: MeshSpec
     params: tuple[ParamSpec, ...]
     _by_name: dict[str, ParamSpec] = field(init=False, repr=False, compare=False, hash=False)
-    _replica_counts: frozenset[int] | None = field(init=False, repr=False, compare=False, hash=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(self.params))
@@ -417,15 +418,12 @@ class Layout:
         box = self.local_box(spec, rank)
         return 0 if box is None else len(self.holders(spec, box))
 
+    @functools.cached_property
     def replica_counts(self) -> frozenset[int]:
         """Every true replica count above 1 that some parameter has on some rank: the judge's miscount
         hypotheses are priced for these counts only. Computed once per layout (every case of a layout asks)."""
-        if self._replica_counts is None:
-            counts = frozenset(count for spec in self.trainable for rank in range(self.mesh.world_size)
-                               if self.is_present(spec, rank) and (count := self.replica_count(spec, rank)) > 1)
-            object.__setattr__(self, "_replica_counts", counts)
-        assert self._replica_counts is not None
-        return self._replica_counts
+        return frozenset(count for spec in self.trainable for rank in range(self.mesh.world_size)
+                         if self.is_present(spec, rank) and (count := self.replica_count(spec, rank)) > 1)
 
     def distinct_boxes(self, spec: ParamSpec) -> list[Box]:
         """The distinct slices of ``spec`` (of a measured parameter: the ranges of the values it owns,

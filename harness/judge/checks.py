@@ -538,7 +538,7 @@ def evidence_of(case: CaseSpec, truth: float, stats: StatsTable, pre: Replicatio
         unreduced={axis: unreduced_over(stats, pre, mesh, axis, case.norm_type) for axis in axes},
         replicas_counted={axis: replicas_counted_on(stats, pre, mesh, axis, case.norm_type) for axis in axes},
         max_norm=case.max_norm,
-        replica_counts=case.layout.replica_counts(),
+        replica_counts=case.layout.replica_counts,
     )
 
 

@@ -93,13 +93,12 @@ def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
     agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
     rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
     held = rows_before > 0
-    spread = 0.0
-    if bool(held.all()):  # the usual gradient: no zero row, so no row to leave out (nor copies to make)
-        spread = float((rows_after / rows_before).sub_(abs(c)).abs_().max()) / abs(c) if held.numel() else 0.0
-    elif bool(((~held) & (rows_after != 0)).any()):
-        spread = math.inf  # values appeared where there were only zeros
-    elif bool(held.any()):
-        spread = float(((rows_after[held] / rows_before[held]) - abs(c)).abs().max()) / abs(c)
+    appeared = False
+    if not bool(held.all()):  # rows of zeros carry no ratio (the usual gradient has none: nothing copied)
+        appeared = bool((rows_after[~held] != 0).any())  # values where there were only zeros
+        rows_before, rows_after = rows_before[held], rows_after[held]
+    spread = math.inf if appeared else 0.0 if not rows_before.numel() else \
+        float((rows_after / rows_before).sub_(abs(c)).abs_().max()) / abs(c)
     return c, max(sampled, agreement, max(0.0, spread - slack))
 
 
