@@ -9,6 +9,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harness_runs import run_clipcheck
+from process_guard import _failed_tests_leave_no_process, pytest_runtest_makereport  # noqa: F401  (registered here)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ launcher and a fresh process would not have, ``like_a_fresh_rank`` undoes:
   their descriptor numbers kept out of reuse (``_detach_inherited_sockets``);
 * the agent's signal handlers (SIGTERM raises an exception in the agent; a rank must die of it, or
   rank 0 record it, exactly as a fresh process does);
-* the intra-op thread count, which a fresh process reads from ``OMP_NUM_THREADS``;
+* the launcher's OpenMP thread pool, released before each fork (``openmp``: a pool inherited through a
+  fork hangs the child's first parallel region); the rank's own thread count is set before its first
+  case, as in a fresh rank (``startup.settle_startup``);
 * life after the launcher: a rank dies with it (PR_SET_PDEATHSIG), so nothing is left behind.
 
 Where ranks start fresh (``fork_problem``): nccl or any machine with CUDA (a CUDA context does not
@@ -82,9 +84,6 @@ def like_a_fresh_rank() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
 
 
 def forked_rank(plan: Plan, argv: Sequence[str]) -> None:

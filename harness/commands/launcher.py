@@ -52,6 +52,8 @@ from harness.report.reporter import case_json
 from harness.run.world.devices import world_problem
 from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.world.startup import preload_frameworks
+from harness.run.world.openmp import name_rank_threads
+from harness.run.case.guard import hung_phase
 from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import default_backend
 from harness.plan.planner import Plan, plan_cases
@@ -139,7 +141,7 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     from torch.distributed.launcher.api import elastic_launch
 
     quiet_the_agent()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    name_rank_threads(os.environ)
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # a spawned rank dies with this process
     config = launch_config(nproc)
     ours = descendants()
@@ -242,6 +244,8 @@ class Launches:
     start: int = 0
     attempt: int = 0
     interrupted: int | None = None
+    last_hang: tuple[int, str] | None = None
+    """The case the last launch hung in and the harness phase it hung in (``guard.hung_phase``), if it did."""
 
     def run(self, mirror: ResultsMirror | None) -> int:
         """0, or EXIT_USAGE if a rank reported bad input, or EXIT_OUTPUT if rank 0 could not write."""
@@ -273,6 +277,11 @@ class Launches:
             rest = [i for i in rest if i not in self.records]
             if not rest:
                 return 0
+            hang, self.last_hang = self.last_hang, self._harness_hang()
+            if hang is not None and self.last_hang is not None and hang[1] == self.last_hang[1]:
+                self._not_run(rest, f"not run: the ranks hung in the harness's {hang[1]} phase again (case {hang[0]}, "
+                                    f"then case {self.last_hang[0]}): a relaunch would hang there too")
+                return 0
             if self.resumes >= self.args.max_resumes:
                 self._not_run(rest, f"not run: {self.resumes} relaunches after crashes, the limit")
                 return 0
@@ -301,6 +310,16 @@ class Launches:
             detail = _crash_detail(exits, broken) if exits else "the launch ended before this case"
             self.records[broken] = self._unjudged(broken, "crash", detail)
         return f"case {broken} did not finish ({next(iter(self.records[broken]['checks']))})"
+
+    def _harness_hang(self) -> tuple[int, str] | None:
+        """The case this launch ended in, and the phase of the harness's own work it hung in; None when it
+        did not end in such a hang (the target hung, a rank died, the world was stopped)."""
+        ended = [i for i in sorted(self.records) if i >= self.start and is_unjudged(self.records[i])
+                 and "not_run" not in self.records[i]["checks"]]
+        if not ended or "hang" not in self.records[ended[-1]]["checks"]:
+            return None
+        phase = hung_phase(self.records[ended[-1]]["checks"]["hang"]["detail"])
+        return (ended[-1], phase) if phase is not None else None
 
     def _unjudged(self, index: int, check: str, detail: str) -> CaseRecord:
         case = next(c for c in self.plan.cases if c.index == index)

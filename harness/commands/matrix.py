@@ -40,6 +40,7 @@ from harness.cases.matrix import MatrixSpec
 from harness.run.world.devices import cuda_device_count, world_skip_reason
 from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.world.startup import preload_frameworks
+from harness.run.world.openmp import name_rank_threads
 from harness.errors import ClipcheckInputError
 from harness.report.finish import finish_run
 from harness.report.numbers import format_ratio
@@ -161,7 +162,7 @@ def _run(launch: Launch, spec_path: Path, flags: list[str], forked: bool, interr
     argv = ["--nproc", str(launch.world_size), "--backend", launch.backend, "--matrix", str(spec_path),
             "--json", str(launch.jsonl), "--no-progress", *flags]
     print(f"launch: {launch.tag}: {len(launch.plan.cases)} cases ...", end="", flush=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    name_rank_threads(os.environ)
     start = time.perf_counter()
     ours = descendants()
     with open(launch.log, "w") as log:

@@ -13,8 +13,12 @@ accelerate, SLURM), so this world adopts it instead of creating one:
   torn down): they are reported hung once ``hang_deadline_s`` has passed, as in the harness's cases;
 * a job without ``torch.distributed`` is a world of one rank on an in-memory store.
 
-Exchanges are numbered per process (one world per process, kept between audits), so every rank that
-audits the same steps uses the same keys, and a later audit never reads an earlier one's.
+Every audit has keys of its own: each rank counts its arrival at the audit in the store (one atomic
+``add``), and the count, alike on every rank, names the audit's namespace. An audit's keys so depend
+on nothing a rank keeps from earlier audits: after an audit that failed or raised on some ranks, or a
+default group renewed between two audits (a warm pool's next test), the next audit neither reads an
+earlier one's keys nor waits under keys its peers never write. Within an audit the exchanges are
+numbered, every rank making them in the same order.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class UserWorld(DistWorld):
     """One rank of the user's job, for the audit's exchanges and its guarded call."""
 
     def __init__(self, timeout_s: float, device: torch.device) -> None:
+        self.group = dist.group.WORLD if dist.is_initialized() else None
+        """The default group this world adopted (held, so that a renewed group is never taken for it)."""
         self._user_store: dist.Store | None = (
             _underlying(dist.distributed_c10d._get_default_store()) if dist.is_initialized() else None)
         # gloo here: DistWorld's nccl branch would set the process's CUDA device and NCCL variables
@@ -50,8 +56,10 @@ class UserWorld(DistWorld):
         self.backend = str(dist.get_backend()) if dist.is_initialized() else "none"
         self.device = device
         self.store_port = None
+        self._connections = (self.store, self.side_store)
+        """The store's two connections, without the audit's namespace (``begin_audit`` adds it)."""
         self.audits = 0
-        """Audits this process has run in this world (every rank the same number: they key the errors)."""
+        """The audit under way, counted over the job's store: every rank the same number (the module docstring)."""
 
     def _connect_store(self, client: bool = False) -> dist.Store:
         if self._user_store is None:
@@ -61,7 +69,16 @@ class UserWorld(DistWorld):
             # the watchdog's own connection: the main thread may be blocked in a call on the first
             store = dist.TCPStore(store.host, store.port, is_master=False, wait_for_workers=False,
                                   timeout=datetime.timedelta(seconds=max(self.timeout_s * 4, 120)))
-        return dist.PrefixStore(PREFIX, store)
+        return store
+
+    def begin_audit(self) -> None:
+        """Count this rank's arrival at a new audit and take that audit's namespace (the module docstring)."""
+        main, side = self._connections
+        arrivals = main.add(f"{PREFIX}/arrivals/{self.world_size}", 1)
+        self.audits = (arrivals - 1) // self.world_size + 1
+        self.store = dist.PrefixStore(f"{PREFIX}/{self.world_size}/{self.audits}", main)
+        self.side_store = dist.PrefixStore(f"{PREFIX}/{self.world_size}/{self.audits}", side)
+        self._exchanges, self._posted = 0, []
 
     def post_error(self, error: str) -> None:
         """This rank's clip raised: said at once, under a key of this audit, so a rank whose own
@@ -90,20 +107,19 @@ class UserWorld(DistWorld):
         raise NotImplementedError("the audit's world builds no meshes: the job's own are measured")
 
 
-_WORLDS: dict[tuple[int, str], UserWorld] = {}
+_WORLD: list[UserWorld] = []
+"""The world of this process's last audit, or nothing."""
 
 
 def user_world(timeout_s: float, device: torch.device) -> UserWorld:
-    """This process's world for the current default group (kept, so exchanges go on being numbered),
-    with this audit's deadline and device."""
-    key = (id(dist.group.WORLD) if dist.is_initialized() else 0, str(dist.get_backend()) if dist.is_initialized()
-           else "none")
-    world = _WORLDS.get(key)
-    if world is None:
-        _WORLDS.clear()  # a new default group: the old world's store is gone
-        world = _WORLDS[key] = UserWorld(timeout_s, device)
+    """This process's world for the current default group (kept: its store connections), with this
+    audit's deadline, device and namespace."""
+    world = _WORLD[0] if _WORLD else None
+    if world is None or world.group is not (dist.group.WORLD if dist.is_initialized() else None):
+        world = UserWorld(timeout_s, device)  # a new default group: the old world's store may be gone
+        _WORLD[:] = [world]
     world.timeout_s = float(timeout_s)
     world.device = device
     world.hang_handler = world.default_hang_handler
-    world.audits += 1
+    world.begin_audit()
     return world

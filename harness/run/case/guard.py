@@ -5,8 +5,11 @@ call a target this way, so a raise, a hang or a broken group is handled alike in
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
+from contextlib import nullcontext
+from types import TracebackType
 from typing import Any, Callable
 
 from harness.judge.checks import is_collateral
@@ -27,7 +30,11 @@ _CALLERS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 """The folders of the harness's code between the guard and the target (the runner's call, the audit's)."""
 
 
-def hang_message(stack: HungStack, deadline_s: float) -> str:
+GUARDED_STEPS = {"dress": "the framework's setup (the target's dress)", "backward": "the framework's backward"}
+"""What a guarded call is, by its topic, where it is not the function under test itself."""
+
+
+def hang_message(stack: HungStack, deadline_s: float, topic: str = "status") -> str:
     """What a hung call says: where it is stuck, then its stack from the target's call down (the
     target's own frames, which say what hung, lead; the harness's frames that made the call are left
     out), then the whole stack, launcher frames included, for whoever needs it. The whole stack ends in
@@ -38,9 +45,59 @@ def hang_message(stack: HungStack, deadline_s: float) -> str:
     call = call or stack.body or list(stack.frames)
     where = f" in {call[-1].name} at {call[-1].filename}:{call[-1].lineno}" if call else ""
     lead = "".join(traceback.format_list(call)).rstrip()
-    return (f"hung: no answer from the function under test after {deadline_s:.0f} s, stuck{where}; "
+    what = GUARDED_STEPS.get(topic, "the function under test")
+    return (f"hung: no answer from {what} after {deadline_s:.0f} s, stuck{where}; "
             f"its stack from the call down (innermost last):\n{lead}\n"
             f"the whole stack, outermost first (the launcher's frames included):\n{stack.text()}")
+
+
+PHASE_HANG = "hung in the harness's {phase} phase"
+"""How a hang in the harness's own work begins (``phase_hang_message``; ``hung_phase`` reads it back)."""
+
+
+def phase_hang_message(phase: str, stack: HungStack, deadline_s: float) -> str:
+    """What a hang in one of the harness's own phases says: the phase, where it is stuck, and the stack
+    from the line of the case that began the phase down (the launcher's frames above it say nothing
+    about the hang)."""
+    frames = list(stack.frames[max(stack.body_at - 1, 0):])
+    where = f" in {frames[-1].name} at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return (f"{PHASE_HANG.format(phase=phase)}: no progress after {deadline_s:.0f} s, stuck{where}; "
+            f"its stack from the phase down (innermost last):\n{''.join(traceback.format_list(frames)).rstrip()}")
+
+
+def hung_phase(detail: str) -> str | None:
+    """The harness phase a hang's detail names (``phase_hang_message``), or None (the target hung, or no hang)."""
+    head, _, rest = PHASE_HANG.partition("{phase}")
+    at = detail.find(head)
+    if at < 0:
+        return None
+    phase = detail[at + len(head):].split(rest, 1)
+    return phase[0] if len(phase) == 2 else None
+
+
+class phase_watch(watched):
+    """``with phase_watch(world, "build"): ...``: one phase of the harness's own work in a case, bounded as
+    the target's call is. A hang there (a native deadlock as much as a Python loop) is posted for every
+    rank (``DistWorld.post_phase_hang``): the case is recorded as a hang naming the phase and the rank's
+    stack, and the launch goes on with the later cases in fresh ranks. The phase's waits for other ranks
+    in the store do not count (``watched.paused``: the rank they wait for is the one stuck). Never around
+    a ``guarded`` call: one watch at a time."""
+
+    def __init__(self, world: DistWorld, phase: str) -> None:
+        def on_hang(stack: HungStack) -> None:
+            world.post_phase_hang(phase_hang_message(phase, stack, world.hang_deadline_s))
+
+        super().__init__(world.hang_deadline_s, on_hang)
+        self.world = world
+
+    def __enter__(self) -> None:
+        self.world.while_waiting = self.paused
+        self._arm(sys._getframe(1))
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.world.while_waiting = nullcontext
+        super().__exit__(kind, exc, tb)
 
 
 def guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, str | None, float]:
@@ -53,7 +110,8 @@ def guarded(world: DistWorld, topic: str, fn: Callable[[], Any]) -> tuple[Any, s
     start = time.perf_counter()
 
     def on_hang(stack: HungStack) -> None:
-        world.post_hung(topic, {"error": hang_message(stack, world.hang_deadline_s), "fault": None, "broken": True})
+        world.post_hung(topic, {"error": hang_message(stack, world.hang_deadline_s, topic), "fault": None,
+                                "broken": True})
 
     with watched(world.hang_deadline_s, on_hang):
         try:

@@ -51,7 +51,7 @@ from harness.cases.target import Target
 from harness.targets.target import reported_precision, reported_value
 from harness.run.guards.leftovers import census, left_behind, threads_fault
 from harness.run.world.dist_world import DistWorld
-from harness.run.case.guard import agree, guarded
+from harness.run.case.guard import agree, guarded, phase_watch
 from harness.run.case.launch_state import LaunchState
 
 
@@ -83,16 +83,16 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     variant = case.variant
     layout = variant.layout
     names = [spec.name for spec in layout.trainable]
-    world.before_case((case.scenario, variant.label, layout.mesh))
-    groups = world.mesh(layout.mesh)
-
-    model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)
-    if variant.dtensor_axes:  # a flattened sub-mesh brings groups of its own: stuck, they fail within the case's bound
-        world.give_case_timeout(*{p.device_mesh for p in model.parameters() if isinstance(p, DTensor)})
-    ctx = CaseContext(case, world.rank, world.world_size, world.device, groups.device_mesh, groups.target_groups,
-                      world)
-    attach(model, ctx)
-    scenario.dress(model, variant)
+    with phase_watch(world, "build"):
+        world.before_case((case.scenario, variant.label, layout.mesh))
+        groups = world.mesh(layout.mesh)
+        model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)
+        if variant.dtensor_axes:  # a flattened sub-mesh brings groups of its own: stuck, they fail within the case's bound
+            world.give_case_timeout(*{p.device_mesh for p in model.parameters() if isinstance(p, DTensor)})
+        ctx = CaseContext(case, world.rank, world.world_size, world.device, groups.device_mesh, groups.target_groups,
+                          world)
+        attach(model, ctx)
+        scenario.dress(model, variant)
     dress = target.dress
     if dress is not None:
         _, error, seconds = guarded(world, "dress", lambda: dress(model, ctx))
@@ -104,7 +104,8 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     undelivered_here: list[str] = []
     backward = target.backward if variant.synthetic is None else None
     if backward is None:
-        scenario.inject(model, variant, world.rank)
+        with phase_watch(world, "inject"):
+            scenario.inject(model, variant, world.rank)
     else:  # the framework's own gradient path (its hooks, reduce-scatter): what arrives must be the layout's
         expected = expected_copies(generated_grads(layout, variant.injection, world.rank), world.device)
         _, error, seconds = guarded(world, "backward",
@@ -115,21 +116,20 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
                 return None
             return setup_failed_result(case, [s["error"] for s in statuses], seconds, step="backward")
         undelivered_here = undelivered({n: expected.get(n) for n in names}, local_grads(model, names))
-    pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
-    params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
-
-    # a measured layout's copies are classes of bits, whatever the mesh: always digests (CPU replays)
-    digests = digests_for_truth(world.backend, layout.mesh) or layout.measured
-    stats, pre_rep, stale_truth = launch.truth_cache.measure(
-        case, pre,
-        lambda for_replication: gather_stats(names, pre, case.norm_type, world.store_round("stats"),
-                                             digests=digests and for_replication),
-        lambda table: pre_call_replication(names, pre, table, layout.mesh, lambda: groups.harness_groups,
-                                           world.store_round("replication"), world.device, layout.measured))
-
-    default_group = dist.group.WORLD
-    state_before, threads_before, settings = ModelState.of(model), set(threading.enumerate()), GlobalState.of()
-    before = census()
+    with phase_watch(world, "measure"):
+        pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
+        params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
+        # a measured layout's copies are classes of bits, whatever the mesh: always digests (CPU replays)
+        digests = digests_for_truth(world.backend, layout.mesh) or layout.measured
+        stats, pre_rep, stale_truth = launch.truth_cache.measure(
+            case, pre,
+            lambda for_replication: gather_stats(names, pre, case.norm_type, world.store_round("stats"),
+                                                 digests=digests and for_replication),
+            lambda table: pre_call_replication(names, pre, table, layout.mesh, lambda: groups.harness_groups,
+                                               world.store_round("replication"), world.device, layout.measured))
+        default_group = dist.group.WORLD
+        state_before, threads_before, settings = ModelState.of(model), set(threading.enumerate()), GlobalState.of()
+        before = census()
     value, error, seconds = guarded(world, "status", lambda: _call_target(target, model, case))
     reported, fault, broken = None, global_state_fault(settings), False  # restored for what follows
     left = left_behind(before)  # processes: killed now (threads are waited for below: ``aftermath``)
@@ -145,30 +145,31 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
         fault, broken = "; ".join(filter(None, [fault, left])), True
     generation = world.generation
     agree(world, "status", {"error": error, "fault": fault, "broken": broken}, case_done=True)
-    if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
-        groups = world.mesh(layout.mesh)
-
-    post, effects = rank_effects(pre, local_grads(model, names), params_before,
-                               {n: local_tensor(p) for n, p in model.named_parameters()},
-                               bool(variant.injection.nonfinite), state_before, ModelState.of(model),
-                               in_place=target.in_place)
-    baseline = fingerprint(model, names)
-    late, running = settled_changes(threads_before, model, names, baseline)
-    if running:  # its collectives would reach the next case: this world stops after this one
-        fault = "; ".join(filter(None, [fault, threads_fault(running)]))
-        world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
-    launch.late_watch = LateWatch(model, names, baseline, running)
-    # this rank's part only: the parts travel in the records, and rank 0 merges them
-    local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here)
-    local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
+    with phase_watch(world, "effects"):
+        if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
+            groups = world.mesh(layout.mesh)
+        post, effects = rank_effects(pre, local_grads(model, names), params_before,
+                                     {n: local_tensor(p) for n, p in model.named_parameters()},
+                                     bool(variant.injection.nonfinite), state_before, ModelState.of(model),
+                                     in_place=target.in_place)
+        baseline = fingerprint(model, names)
+        late, running = settled_changes(threads_before, model, names, baseline)
+        if running:  # its collectives would reach the next case: this world stops after this one
+            fault = "; ".join(filter(None, [fault, threads_fault(running)]))
+            world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
+        launch.late_watch = LateWatch(model, names, baseline, running)
+        # this rank's part only: the parts travel in the records, and rank 0 merges them
+        local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here)
+        local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
     record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                           "local": local, "precision": reported_precision(value) if error is None else None}
     gathered = world.gather_json("record", record, world.exchange_deadline_s)
     if gathered is None:
         return None
     records = cast(list[RankRecord], gathered)
-    truth = variant_truth(variant, case.norm_type)
-    measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
-    post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh,
-                                    layout.measured)
-    return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)
+    with phase_watch(world, "judge"):
+        truth = variant_truth(variant, case.norm_type)
+        measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
+        post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh,
+                                        layout.measured)
+        return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)

@@ -21,7 +21,8 @@ import time
 import traceback
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 BACKSTOP_GRACE_S = 60.0
 """How long after the watchdog faulthandler kills a rank the watchdog could not help."""
@@ -134,12 +135,29 @@ class watched:
         self.deadline_s = deadline_s
         self.on_hang = on_hang
         self._call = 0
+        self._entered: FrameType | None = None
 
     def __enter__(self) -> None:
+        self._arm(sys._getframe(1))
+
+    def _arm(self, entered: FrameType) -> None:
+        self._entered = entered
         faulthandler.dump_traceback_later(self.deadline_s + BACKSTOP_GRACE_S, exit=True, file=_stderr_fd())
-        self._call = _WATCHDOG.arm(self.deadline_s, self.on_hang, sys._getframe(1))
+        self._call = _WATCHDOG.arm(self.deadline_s, self.on_hang, entered)
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         _WATCHDOG.disarm(self._call)
         faulthandler.cancel_dump_traceback_later()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """``with watch.paused(): wait``: time the body spends waiting for other processes, which are
+        watched themselves, is not the body's: a rank waiting for a stuck peer must not be the one
+        reported stuck. The deadline starts afresh after the wait."""
+        self.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            assert self._entered is not None
+            self._arm(self._entered)

@@ -4,9 +4,12 @@ still ends with a record for every planned case and an honest exit status.
 How a run can break, and what each rank does:
 
 * a rank hangs in the function under test: its watchdog posts the hang through the store; the other
-  ranks raise ``WorldBroken`` at the next exchange. Rank 0 (or rank 0's watchdog, if rank 0 is the
-  one that hung) writes the hung case as an ERROR (``hang``, naming the rank and its stack), every
-  later case as ERROR (``not_run``), the summary, then sets ``ENDED_KEY``; every rank exits 3;
+  ranks raise ``WorldBroken`` at the next exchange. A rank stuck in the harness's own work (building
+  the model, injecting, measuring, judging: ``guard.phase_watch``) posts it in the place of its next
+  exchanges, and a peer whose collective with it timed out meanwhile reports that hang, not its own
+  error. Rank 0 (or rank 0's watchdog, if rank 0 is the one that hung) writes the hung case as an
+  ERROR (``hang``, naming the rank and its stack), every later case as ERROR (``not_run``), the
+  summary, then sets ``ENDED_KEY``; every rank exits 3;
 * a rank stops answering in the store (it died in C code, or hung holding the GIL):
   ``DeadRankError``, handled the same way (``crash``);
 * the launcher stops the ranks (SIGTERM: torchrun does that when one rank dies): rank 0 records the
@@ -40,6 +43,7 @@ from harness.plan.planner import Plan
 from harness.report.progress import Progress
 from harness.report.reporter import Reporter
 from harness.run.case.blame_reruns import run_case_with_blame
+from harness.run.case.guard import phase_watch
 from harness.run.case.launch_state import LaunchState
 from harness.run.world.dist_world import DeadRankError, DistWorld, WorldBroken
 
@@ -48,6 +52,9 @@ STOPPED_DETAIL = ("stopped by SIGTERM while this case ran: under torchrun, anoth
                   "output for its exit code) or the run was interrupted")
 INTERRUPTED_DETAIL = "interrupted by SIGINT while this case ran"
 EXIT_INTERRUPTED = 128 + signal.SIGINT
+PEER_HANG_GRACE_S = 10.0
+"""After a harness error, how much longer than a phase's deadline a rank looks for a peer's posted hang:
+a collective with a stuck peer times out before that peer's watchdog speaks."""
 
 
 class StopWatcher:
@@ -136,6 +143,12 @@ class Executor:
             return self.end_broken("hang", exc.detail)
         except DeadRankError as exc:
             return self.end_broken("crash", str(exc))
+        except RuntimeError:  # torch's collective and store errors: one with a rank stuck in the harness's own
+            # work timed out here, and that rank's hang, posted by its deadline, is the cause
+            hung = self.world.posted_hang(within_s=self.world.hang_deadline_s + PEER_HANG_GRACE_S)
+            if hung is None:
+                raise
+            return self.end_broken("hang", hung.detail)
         finally:
             watcher.close()
 
@@ -160,8 +173,10 @@ class Executor:
         before the next one starts. The same exchange tells every rank whether some rank's world must
         stop (its target left a thread running: ``leftovers``); the reason, or None."""
         watch, self.launch.late_watch = self.launch.late_watch, None
-        posts = self.world.allgather_json("late", {"changes": watch.changes() if watch is not None else [],
-                                                   "stop": self.world.stop_reason}, self.world.exchange_deadline_s)
+        with phase_watch(self.world, "late check"):
+            changes = watch.changes() if watch is not None else []
+        posts = self.world.allgather_json("late", {"changes": changes, "stop": self.world.stop_reason},
+                                          self.world.exchange_deadline_s)
         with self._reporting:
             result, self.pending = self.pending, None
             if self.reporter is not None and result is not None:

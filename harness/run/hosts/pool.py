@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Iterator, cast
 
+import torch
 import torch.distributed as dist
 
 from harness.run.guards.family import children_die_with_this_process, die_with_parent
 from harness.run.world.startup import share_the_cores
+from harness.run.world.openmp import rank_threads
 from harness.run.world.torch_compat import LISTEN_FD_ON_LIBUV
 from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import DistWorld
@@ -137,6 +139,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str | None, timeout_
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
     )
     share_the_cores(world_size)
+    torch.set_num_threads(rank_threads(os.environ))  # the fork server released its OpenMP pool (``openmp``)
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _WORLD = DistWorld(backend, timeout_s)

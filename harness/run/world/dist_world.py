@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, TypeVar
 
@@ -52,9 +53,9 @@ class DeadRankError(ClipcheckError, RuntimeError):
 
 
 class WorldBroken(ClipcheckError, RuntimeError):
-    """A rank hung in the function under test (its watchdog said so through the store): the world
-    cannot run another case. ``ranks`` hung; ``detail`` says where. Under the one root, and still a
-    RuntimeError for older handlers."""
+    """A rank hung, in the function under test or in the harness's own work (its watchdog said so
+    through the store): the world cannot run another case. ``ranks`` hung; ``detail`` says where.
+    Under the one root, and still a RuntimeError for older handlers."""
 
     def __init__(self, ranks: list[int], detail: str) -> None:
         super().__init__(detail)
@@ -68,6 +69,20 @@ so a launcher that kills every rank once one exits cannot cut the report short."
 
 EXIT_STATUS_KEY = "clipcheck/exit_status"
 """Rank 0's exit status, which every rank leaves with (``leave_together``)."""
+
+HUNG_KEY = "clipcheck/hung"
+"""Set by a rank stuck in the harness's own work (``post_phase_hang``): which rank, and where; read by a
+peer whose collective with it failed (``posted_hang``)."""
+
+HUNG_KEY_POLL_S = 0.5
+"""How often ``posted_hang`` looks for ``HUNG_KEY`` while it waits for one."""
+
+PHASE_HUNG_TOPIC = "hung"
+"""The topic of the posts a rank stuck in the harness's own work makes in the exchanges ahead of it."""
+
+PHASE_HANG_WINDOW = 8
+"""How many exchanges ahead of its own a stuck rank posts its hang: its peers wait in the next one, or,
+having passed a gather that only rank 0 waits in, one or two later."""
 
 PEER_POST_WAIT_S = 5.0
 """How long a hung rank's watchdog waits for the other ranks' posts before it reports."""
@@ -253,6 +268,8 @@ class DistWorld:
         self._lock = threading.Lock()
         self._hung: str | None = None
         self.hang_handler: Callable[[str], None] = self.default_hang_handler
+        self.while_waiting: Callable[[], AbstractContextManager[Any]] = nullcontext
+        """Entered around each wait for the other ranks' posts: a phase watch pauses there (``guard.phase_watch``)."""
         self.stop_reason: str | None = None
         """Set (on every rank alike) when this world must not run another case (``stop_after_case``)."""
         if start:
@@ -481,12 +498,42 @@ class DistWorld:
         for key in keys:
             try:
                 if self.side_store.check([key]):
-                    error = json.loads(self.side_store.get(key)).get("error")
+                    error = json.loads(self.side_store.get(key))["value"].get("error")
                     if error and not str(error).startswith("hung"):
                         raised.append(f"; rank {key.rsplit('/', 1)[1]} raised {error}")
             except Exception:  # noqa: BLE001 - best effort: the hang is reported either way
                 continue
         return "".join(raised)
+
+    def post_phase_hang(self, message: str) -> None:
+        """Called from the watchdog thread while the main thread is stuck in the harness's own work (a
+        phase of a case, not the function under test): post the hang in the place of this rank's next
+        exchanges, where its peers wait for it whatever the topic (``_read`` raises ``WorldBroken``
+        there), and under ``HUNG_KEY``; then hand over to ``hang_handler``."""
+        with self._lock:
+            if self._hung is not None:
+                return
+            self._hung = message
+            self.side_store.set(HUNG_KEY, json.dumps({"rank": self.rank, "message": message}))
+            for ahead in range(1, PHASE_HANG_WINDOW + 1):
+                self._post_at(self._exchanges + ahead, PHASE_HUNG_TOPIC, message, self.side_store)
+        self.hang_handler(message)
+
+    def posted_hang(self, within_s: float = 0.0) -> WorldBroken | None:
+        """A rank's ``post_phase_hang``, as the exception that ends this world, looked for during
+        ``within_s`` (a collective with the stuck rank times out before that rank's own deadline); None
+        when none came. Main thread only."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                if self.store.check([HUNG_KEY]):
+                    posted = json.loads(self.store.get(HUNG_KEY))
+                    return WorldBroken([int(posted["rank"])], f"rank {posted['rank']}: {posted['message']}")
+            except Exception:  # noqa: BLE001 - a store gone with its host: nothing will come
+                return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(HUNG_KEY_POLL_S)
 
     def default_hang_handler(self, message: str) -> None:
         """A hung rank that is not the reporter: wait until the run's end is reported, then exit 3."""
@@ -528,16 +575,22 @@ class DistWorld:
     # -- store control plane ----------------------------------------------------------------------
     # Exchanges are numbered: every rank makes them in the same order, so the n-th exchange has the
     # same key on every rank however many cases a process runs (a warm pool reuses case indices).
+    # The key is the exchange's number and the rank; the topic travels in the post (``_read`` checks it),
+    # so a rank stuck outside any exchange can still post where its peers wait (``post_phase_hang``).
     def _post(self, topic: str, payload: Any, store: dist.Store | None = None) -> tuple[list[str], str]:
         self._exchanges += 1
-        tag = f"clipcheck/ctl/{self._exchanges}/{topic}"
+        return self._post_at(self._exchanges, topic, payload, store or self.store)
+
+    def _post_at(self, number: int, topic: str, payload: Any, store: dist.Store) -> tuple[list[str], str]:
+        tag = f"clipcheck/ctl/{number}"
         mine = f"{tag}/{self.rank}"
-        (store or self.store).set(mine, json.dumps(payload))
+        store.set(mine, json.dumps({"topic": topic, "value": payload}))
         return [f"{tag}/{r}" for r in range(self.world_size)], mine
 
     def _wait(self, keys: list[str], topic: str, timeout_s: float) -> None:
         try:
-            self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+            with self.while_waiting():
+                self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
         except Exception:  # the store raises its own timeout type; say which ranks are missing
             missing = sorted(int(k.rsplit("/", 1)[1]) for k in keys if not self.store.check([k]))
             if not missing:
@@ -547,6 +600,19 @@ class DistWorld:
                 "they hung or died (see their own output)"
             ) from None
 
+    def _read(self, keys: list[str], topic: str) -> list[Any]:
+        """Every rank's post of an exchange (one round trip), checked to be of ``topic``: a rank stuck in
+        the harness's own work posted its hang in its place (``post_phase_hang``), and ranks whose
+        exchanges differ are out of step, which no case may be judged from."""
+        posts = [json.loads(v) for v in self.store.multi_get(keys)]
+        for rank, post in enumerate(posts):
+            if post["topic"] == PHASE_HUNG_TOPIC:
+                raise WorldBroken([rank], f"rank {rank}: {post['value']}")
+            if post["topic"] != topic:
+                raise DeadRankError(f"rank {rank} posted {post['topic']!r} where rank {self.rank} expected {topic!r}: "
+                                    "the ranks are out of step")
+        return [post["value"] for post in posts]
+
     def allgather_json(self, topic: str, payload: Any, timeout_s: float) -> list[Any]:
         """Every rank posts ``payload`` under ``topic`` and gets every rank's, in rank order. A rank
         whose watchdog already posted for it (it hung, then came back) does not post again."""
@@ -555,7 +621,7 @@ class DistWorld:
                 raise WorldBroken([self.rank], self._hung)
             keys, mine = self._post(topic, payload)
         self._wait(keys, topic, timeout_s)
-        values = [json.loads(v) for v in self.store.multi_get(keys)]  # one round trip, not one per rank
+        values = self._read(keys, topic)
         # every rank has now passed all earlier exchanges, so nobody will read our older keys again
         for old in self._posted:
             self.store.delete_key(old)
@@ -569,4 +635,4 @@ class DistWorld:
         if self.rank != 0:
             return None
         self._wait(keys, topic, timeout_s)
-        return [json.loads(v) for v in self.store.multi_get(keys)]
+        return self._read(keys, topic)

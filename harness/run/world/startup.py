@@ -8,7 +8,10 @@ import importlib
 import os
 import sys
 
+import torch
+
 from harness.run.world.devices import usable_cores
+from harness.run.world.openmp import rank_threads
 from harness.plan.planner import Plan
 
 
@@ -30,13 +33,15 @@ def share_the_cores(local_ranks: int) -> bool:
 
 
 def settle_startup(plan: Plan) -> None:
-    """Before the first case: import the plan's frameworks (a no-op in a rank forked from a launcher
+    """Before the first case: the intra-op thread count ``OMP_NUM_THREADS`` asks for (``openmp.rank_threads``,
+    however the rank was started), import the plan's frameworks (a no-op in a rank forked from a launcher
     that preloaded them), then move every object alive now (torch, the frameworks, the plan) into the
     collector's permanent generation. A full collection walks every tracked object, and with the
     frameworks loaded those are many: each rank pays that walk whenever Python's own schedule or a
     framework (ColossalAI's plugin destructor) asks for a collection; after the freeze it walks only
     what the cases allocate (the object count and the cost of one collection: docs/performance.md,
     "Where it stands", item 2). Those objects live as long as the process anyway."""
+    torch.set_num_threads(rank_threads(os.environ))  # a forked rank has its launcher's count otherwise
     preload_frameworks(plan)
     gc.freeze()
 
