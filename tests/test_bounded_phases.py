@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from harness_runs import run_clipcheck
-from hanging_scenario import HANG_NATIVE_ENV, HANG_ONCE_ENV
+from faulty_phases import HANG_NATIVE_ENV, HANG_ONCE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = str(ROOT / "tests" / "hanging_scenario.py")
+SCENARIO = str(ROOT / "tests" / "faulty_phases.py")
 TIMEOUT_S = 5
 """The runs' --timeout: a rank counts as stuck after 2 x 5 + 10 = 20 s (``DistWorld.hang_deadline_s``)."""
 
@@ -55,6 +55,19 @@ def test_ranks_that_hang_again_in_the_same_phase_end_the_launch_saying_so(tmp_pa
     assert all("hung in the harness's inject phase again (case 0, then case 1)" in c["checks"]["not_run"]["detail"]
                for c in rest)
     assert run.summary["unjudged"] == len(run.cases())
+
+
+def test_ranks_that_die_again_in_the_same_phase_end_the_launch_saying_so(tmp_path):
+    run = run_clipcheck(2, ["--scenario", f"{SCENARIO}:DieInBuild", "--target", "reference", "--dtype", "fp32",
+                            "--norm-type", "2", "--timeout", str(TIMEOUT_S)], tmp_path, timeout=240)
+    assert run.returncode == 3, run.stdout[-3000:] + run.stderr[-3000:]
+    crashed = [c for c in run.cases() if "crash" in c["checks"]]
+    assert [c["index"] for c in crashed] == [0, 1]
+    assert all("rank 1 was killed by SIGKILL in the harness's build phase" in c["checks"]["crash"]["detail"]
+               for c in crashed), [c["checks"]["crash"]["detail"] for c in crashed]
+    rest = [c for c in run.cases() if c["index"] > 1]
+    assert rest and all("died in the harness's build phase again (case 0, then case 1)"
+                        in c["checks"]["not_run"]["detail"] for c in rest)
 
 
 INNER = '''

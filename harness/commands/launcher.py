@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
@@ -53,7 +53,8 @@ from harness.run.world.devices import world_problem
 from harness.run.guards.family import PARENT_PID_ENV, descendants, end_descendants
 from harness.run.world.startup import preload_frameworks
 from harness.run.world.openmp import name_rank_threads
-from harness.run.case.guard import hung_phase
+from harness.run.case.guard import IN_PHASE, harness_phase_of
+from harness.run.world.phase_marks import PHASE_DIR_ENV, phase_of
 from harness.plan.project import timeout_problem
 from harness.run.world.dist_world import default_backend
 from harness.plan.planner import Plan, plan_cases
@@ -97,10 +98,12 @@ class RankExit:
     exitcode: int
     signal: str | None = None
     cause: str | None = None  # the exception that ended it, when the rank raised one
+    phase: str | None = None  # the phase of the harness's own work it was in (``phase_marks``), if any
 
     def describe(self) -> str:
         how = f"was killed by {self.signal}" if self.signal else f"exited with code {self.exitcode}"
-        return f"rank {self.rank} {how}" + (f" ({self.cause})" if self.cause else "")
+        where = f" {IN_PHASE.format(phase=self.phase)}" if self.phase else ""
+        return f"rank {self.rank} {how}{where}" + (f" ({self.cause})" if self.cause else "")
 
 
 class Interrupted(BaseException):
@@ -130,12 +133,15 @@ def raised_in_rank(error_file_data: dict[str, Any]) -> str | None:
     return text.strip().splitlines()[0][:300]
 
 
-def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = None) -> list[RankExit]:
+def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = None,
+                 phase_dir: str | None = None) -> list[RankExit]:
     """Run ``python -m harness <worker_args>`` on ``nproc`` local ranks under torchrun's elastic agent
     (in this process); every rank's exit, or [] when all exited 0. With ``forked_plan`` (the plan of
     these very arguments) the ranks are forked from this process and start from it (``forked``).
     SIGINT/SIGTERM to this process stop the ranks (the agent passes them on) and raise Interrupted.
-    What the ranks left behind (orphans this process adopted) is ended before it returns."""
+    What the ranks left behind (orphans this process adopted) is ended before it returns. ``phase_dir``: a
+    fresh folder where the ranks mark the phase of the harness's own work they are in, read for those
+    that failed (``RankExit.phase``)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -143,6 +149,8 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
     quiet_the_agent()
     name_rank_threads(os.environ)
     os.environ[PARENT_PID_ENV] = str(os.getpid())  # a spawned rank dies with this process
+    if phase_dir is not None:
+        os.environ[PHASE_DIR_ENV] = phase_dir
     config = launch_config(nproc)
     ours = descendants()
     try:
@@ -151,7 +159,8 @@ def launch_ranks(nproc: int, worker_args: list[str], forked_plan: Plan | None = 
         else:
             elastic_launch(config, sys.executable)("-m", "harness", *worker_args)
     except ChildFailedError as exc:
-        return rank_exits(exc)
+        exits = rank_exits(exc)
+        return exits if phase_dir is None else [replace(e, phase=phase_of(phase_dir, e.rank)) for e in exits]
     except SignalException as exc:
         raise Interrupted(int(exc.sigval)) from None
     finally:
@@ -206,6 +215,14 @@ def _crash_detail(exits: list[RankExit], index: int) -> str:
             "the next case")
 
 
+def _again(first: tuple[int, str, str], second: tuple[int, str, str]) -> str:
+    """Why the rest is not run: two launches in a row broke in the same phase of the harness's own work."""
+    verbs = {"hang": "hung", "crash": "died"}
+    how = verbs[first[1]] if first[1] == second[1] else "hung or died"
+    return (f"not run: the ranks {how} {IN_PHASE.format(phase=second[2])} again (case {first[0]}, then case "
+            f"{second[0]}): a relaunch would break there too")
+
+
 def _not_run(record: CaseRecord) -> bool:
     return "not_run" in record["checks"]
 
@@ -244,8 +261,9 @@ class Launches:
     start: int = 0
     attempt: int = 0
     interrupted: int | None = None
-    last_hang: tuple[int, str] | None = None
-    """The case the last launch hung in and the harness phase it hung in (``guard.hung_phase``), if it did."""
+    last_break: tuple[int, str, str] | None = None
+    """The case the last launch broke in, how (``hang``, ``crash``) and the phase of the harness's own work
+    it broke in (``guard.harness_phase_of``), if it broke in one."""
 
     def run(self, mirror: ResultsMirror | None) -> int:
         """0, or EXIT_USAGE if a rank reported bad input, or EXIT_OUTPUT if rank 0 could not write."""
@@ -257,9 +275,11 @@ class Launches:
             path = self.folder / f"launch{self.attempt}.jsonl"
             if mirror is not None:
                 mirror.follow(path)
+            phases = self.folder / f"phases{self.attempt}"
+            phases.mkdir()
             try:
                 exits = launch_ranks(self.args.nproc, worker_args(self.args, self.spec_path, str(path), self.start,
-                                                                  self.backend), forked_plan)
+                                                                  self.backend), forked_plan, str(phases))
             except Interrupted as exc:
                 self.interrupted = exc.signum
                 self._settle(LaunchFile.read(path))
@@ -277,10 +297,9 @@ class Launches:
             rest = [i for i in rest if i not in self.records]
             if not rest:
                 return 0
-            hang, self.last_hang = self.last_hang, self._harness_hang()
-            if hang is not None and self.last_hang is not None and hang[1] == self.last_hang[1]:
-                self._not_run(rest, f"not run: the ranks hung in the harness's {hang[1]} phase again (case {hang[0]}, "
-                                    f"then case {self.last_hang[0]}): a relaunch would hang there too")
+            before, self.last_break = self.last_break, self._broken_phase()
+            if before is not None and self.last_break is not None and before[2] == self.last_break[2]:
+                self._not_run(rest, _again(before, self.last_break))
                 return 0
             if self.resumes >= self.args.max_resumes:
                 self._not_run(rest, f"not run: {self.resumes} relaunches after crashes, the limit")
@@ -311,15 +330,17 @@ class Launches:
             self.records[broken] = self._unjudged(broken, "crash", detail)
         return f"case {broken} did not finish ({next(iter(self.records[broken]['checks']))})"
 
-    def _harness_hang(self) -> tuple[int, str] | None:
-        """The case this launch ended in, and the phase of the harness's own work it hung in; None when it
-        did not end in such a hang (the target hung, a rank died, the world was stopped)."""
+    def _broken_phase(self) -> tuple[int, str, str] | None:
+        """The case this launch ended in, how, and the phase of the harness's own work it ended in; None
+        when it did not end in one (the target hung or killed its rank, the world was stopped)."""
         ended = [i for i in sorted(self.records) if i >= self.start and is_unjudged(self.records[i])
-                 and "not_run" not in self.records[i]["checks"]]
-        if not ended or "hang" not in self.records[ended[-1]]["checks"]:
+                 and not _not_run(self.records[i])]
+        if not ended:
             return None
-        phase = hung_phase(self.records[ended[-1]]["checks"]["hang"]["detail"])
-        return (ended[-1], phase) if phase is not None else None
+        checks = self.records[ended[-1]]["checks"]
+        how = next((check for check in ("hang", "crash") if check in checks), None)
+        phase = harness_phase_of(checks[how]["detail"]) if how is not None else None
+        return (ended[-1], how, phase) if how is not None and phase is not None else None
 
     def _unjudged(self, index: int, check: str, detail: str) -> CaseRecord:
         case = next(c for c in self.plan.cases if c.index == index)

@@ -51,8 +51,9 @@ def hang_message(stack: HungStack, deadline_s: float, topic: str = "status") -> 
             f"the whole stack, outermost first (the launcher's frames included):\n{stack.text()}")
 
 
-PHASE_HANG = "hung in the harness's {phase} phase"
-"""How a hang in the harness's own work begins (``phase_hang_message``; ``hung_phase`` reads it back)."""
+IN_PHASE = "in the harness's {phase} phase"
+"""How a hang or a death in one of the harness's own phases names it (``phase_hang_message``, the
+launcher's crash detail); ``harness_phase_of`` reads it back."""
 
 
 def phase_hang_message(phase: str, stack: HungStack, deadline_s: float) -> str:
@@ -61,17 +62,18 @@ def phase_hang_message(phase: str, stack: HungStack, deadline_s: float) -> str:
     about the hang)."""
     frames = list(stack.frames[max(stack.body_at - 1, 0):])
     where = f" in {frames[-1].name} at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return (f"{PHASE_HANG.format(phase=phase)}: no progress after {deadline_s:.0f} s, stuck{where}; "
+    return (f"hung {IN_PHASE.format(phase=phase)}: no progress after {deadline_s:.0f} s, stuck{where}; "
             f"its stack from the phase down (innermost last):\n{''.join(traceback.format_list(frames)).rstrip()}")
 
 
-def hung_phase(detail: str) -> str | None:
-    """The harness phase a hang's detail names (``phase_hang_message``), or None (the target hung, or no hang)."""
-    head, _, rest = PHASE_HANG.partition("{phase}")
+def harness_phase_of(detail: str) -> str | None:
+    """The phase of the harness's own work a hang's or a death's detail names (``IN_PHASE``), or None (the
+    target hung or killed its rank, or no phase is known)."""
+    head, _, tail = IN_PHASE.partition("{phase}")
     at = detail.find(head)
     if at < 0:
         return None
-    phase = detail[at + len(head):].split(rest, 1)
+    phase = detail[at + len(head):].split(tail, 1)
     return phase[0] if len(phase) == 2 else None
 
 
@@ -79,7 +81,8 @@ class phase_watch(watched):
     """``with phase_watch(world, "build"): ...``: one phase of the harness's own work in a case, bounded as
     the target's call is. A hang there (a native deadlock as much as a Python loop) is posted for every
     rank (``DistWorld.post_phase_hang``): the case is recorded as a hang naming the phase and the rank's
-    stack, and the launch goes on with the later cases in fresh ranks. The phase's waits for other ranks
+    stack, and the launch goes on with the later cases in fresh ranks. The phase is also marked where
+    the launcher can read it should the rank die in it (``DistWorld.phase_marks``). The phase's waits for other ranks
     in the store do not count (``watched.paused``: the rank they wait for is the one stuck). Never around
     a ``guarded`` call: one watch at a time."""
 
@@ -89,14 +92,17 @@ class phase_watch(watched):
 
         super().__init__(world.hang_deadline_s, on_hang)
         self.world = world
+        self.phase = phase
 
     def __enter__(self) -> None:
         self.world.while_waiting = self.paused
+        self.world.phase_marks.mark(self.phase)
         self._arm(sys._getframe(1))
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.world.while_waiting = nullcontext
+        self.world.phase_marks.mark("")
         super().__exit__(kind, exc, tb)
 
 

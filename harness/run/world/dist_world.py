@@ -43,6 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from harness.run.world.devices import nccl_error_environment
 from harness.cases.layout import MeshSpec
 from harness.errors import ClipcheckError
+from harness.run.world.phase_marks import PhaseMarks
 from harness.run.world.release import release_peers
 from harness.run.world.torch_compat import groups_alive, member_group, registered_groups, set_group_timeout
 
@@ -268,6 +269,8 @@ class DistWorld:
         self._lock = threading.Lock()
         self._hung: str | None = None
         self.hang_handler: Callable[[str], None] = self.default_hang_handler
+        self.phase_marks = PhaseMarks(self.rank)
+        """Where this rank is, for its launcher to read should it die (``phase_marks``)."""
         self.while_waiting: Callable[[], AbstractContextManager[Any]] = nullcontext
         """Entered around each wait for the other ranks' posts: a phase watch pauses there (``guard.phase_watch``)."""
         self.stop_reason: str | None = None

@@ -1,5 +1,6 @@
-"""Scenarios whose own work hangs on rank 1 (the harness's phases, not the function under test): the
-case must end as a hang that names the phase and the rank's stack, within the case's bound.
+"""Scenarios whose own work hangs or dies on rank 1 (the harness's phases, not the function under test):
+the case must end as a hang that names the phase and the rank's stack, within the case's bound, or as a
+crash that names the phase the rank died in.
 
 ``HANG_ONCE_ENV`` names a file: the first rank 1 to reach the phase creates it and hangs; later
 launches find it and go on (a hang the relaunch gets past). Without it, every launch hangs there.
@@ -9,6 +10,7 @@ lock, as a deadlocked thread pool is), else a plain sleep."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -50,3 +52,12 @@ class HangInInject(DenseDP):
     def inject(self, model, variant, rank):
         _hang_on_rank_one(rank)
         super().inject(model, variant, rank)
+
+
+class DieInBuild(DenseDP):
+    name = "die_in_build"
+
+    def build_model(self, variant, rank, device, mesh):
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().build_model(variant, rank, device, mesh)
