@@ -215,12 +215,22 @@ def _crash_detail(exits: list[RankExit], index: int) -> str:
             "the next case")
 
 
-def _again(first: tuple[int, str, str], second: tuple[int, str, str]) -> str:
-    """Why the rest is not run: two launches in a row broke in the same phase of the harness's own work."""
-    verbs = {"hang": "hung", "crash": "died"}
-    how = verbs[first[1]] if first[1] == second[1] else "hung or died"
-    return (f"not run: the ranks {how} {IN_PHASE.format(phase=second[2])} again (case {first[0]}, then case "
-            f"{second[0]}): a relaunch would break there too")
+@dataclass(frozen=True)
+class PhaseBreak:
+    """A launch that ended in a phase of the harness's own work: the case, how (``hang``, ``crash``), the phase."""
+
+    case: int
+    how: str
+    phase: str
+
+    def again(self, later: "PhaseBreak") -> str | None:
+        """Why the rest is not run when ``later``, the next launch, broke in the same phase; None when not."""
+        if later.phase != self.phase:
+            return None
+        verbs = {"hang": "hung", "crash": "died"}
+        how = verbs[self.how] if self.how == later.how else "hung or died"
+        return (f"not run: the ranks {how} {IN_PHASE.format(phase=self.phase)} again (case {self.case}, then case "
+                f"{later.case}): a relaunch would break there too")
 
 
 def _not_run(record: CaseRecord) -> bool:
@@ -261,9 +271,8 @@ class Launches:
     start: int = 0
     attempt: int = 0
     interrupted: int | None = None
-    last_break: tuple[int, str, str] | None = None
-    """The case the last launch broke in, how (``hang``, ``crash``) and the phase of the harness's own work
-    it broke in (``guard.harness_phase_of``), if it broke in one."""
+    last_break: PhaseBreak | None = None
+    """Where the last launch broke, if it broke in a phase of the harness's own work."""
 
     def run(self, mirror: ResultsMirror | None) -> int:
         """0, or EXIT_USAGE if a rank reported bad input, or EXIT_OUTPUT if rank 0 could not write."""
@@ -297,9 +306,10 @@ class Launches:
             rest = [i for i in rest if i not in self.records]
             if not rest:
                 return 0
-            before, self.last_break = self.last_break, self._broken_phase()
-            if before is not None and self.last_break is not None and before[2] == self.last_break[2]:
-                self._not_run(rest, _again(before, self.last_break))
+            before, self.last_break = self.last_break, self._phase_break()
+            again = before.again(self.last_break) if before is not None and self.last_break is not None else None
+            if again is not None:
+                self._not_run(rest, again)
                 return 0
             if self.resumes >= self.args.max_resumes:
                 self._not_run(rest, f"not run: {self.resumes} relaunches after crashes, the limit")
@@ -330,17 +340,18 @@ class Launches:
             self.records[broken] = self._unjudged(broken, "crash", detail)
         return f"case {broken} did not finish ({next(iter(self.records[broken]['checks']))})"
 
-    def _broken_phase(self) -> tuple[int, str, str] | None:
-        """The case this launch ended in, how, and the phase of the harness's own work it ended in; None
-        when it did not end in one (the target hung or killed its rank, the world was stopped)."""
+    def _phase_break(self) -> PhaseBreak | None:
+        """Where this launch ended, if it ended in a phase of the harness's own work (a hang or a death
+        whose detail names the phase: ``guard.harness_phase_of``); None otherwise (the target hung or
+        killed its rank, the world was stopped)."""
         ended = [i for i in sorted(self.records) if i >= self.start and is_unjudged(self.records[i])
                  and not _not_run(self.records[i])]
-        if not ended:
-            return None
-        checks = self.records[ended[-1]]["checks"]
-        how = next((check for check in ("hang", "crash") if check in checks), None)
-        phase = harness_phase_of(checks[how]["detail"]) if how is not None else None
-        return (ended[-1], how, phase) if how is not None and phase is not None else None
+        checks = self.records[ended[-1]]["checks"] if ended else {}
+        for how in ("hang", "crash"):
+            phase = harness_phase_of(checks[how]["detail"]) if how in checks else None
+            if phase is not None:
+                return PhaseBreak(ended[-1], how, phase)
+        return None
 
     def _unjudged(self, index: int, check: str, detail: str) -> CaseRecord:
         case = next(c for c in self.plan.cases if c.index == index)

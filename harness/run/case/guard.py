@@ -82,9 +82,9 @@ class phase_watch(watched):
     the target's call is. A hang there (a native deadlock as much as a Python loop) is posted for every
     rank (``DistWorld.post_phase_hang``): the case is recorded as a hang naming the phase and the rank's
     stack, and the launch goes on with the later cases in fresh ranks. The phase is also marked where
-    the launcher can read it should the rank die in it (``DistWorld.phase_marks``). The phase's waits for other ranks
-    in the store do not count (``watched.paused``: the rank they wait for is the one stuck). Never around
-    a ``guarded`` call: one watch at a time."""
+    the launcher can read it should the rank die in it (``DistWorld.phase_marks``). The phase's waits
+    for other ranks in the store do not count (``watched.paused``: the rank they wait for is the one
+    stuck). Never around a ``guarded`` call: one watch at a time."""
 
     def __init__(self, world: DistWorld, phase: str) -> None:
         def on_hang(stack: HungStack) -> None:
