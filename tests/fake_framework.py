@@ -6,6 +6,7 @@ norm halved (a FAIL with a finding)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping
 
 import torch
@@ -44,6 +45,14 @@ def deliver_doubled(model: nn.Module, ctx: CaseContext, grads: Mapping[str, torc
         p.grad = None if g is None else g * 2
 
 
+def deliver_stuck_on_rank_one(model: nn.Module, ctx: CaseContext, grads: Mapping[str, torch.Tensor | None]) -> None:
+    """A framework backward that never returns on rank 1 (a hook waiting for a peer that never comes)."""
+    if ctx.rank == 1:
+        while True:
+            time.sleep(3600)
+    deliver(model, ctx, grads)
+
+
 def half_norm(model: nn.Module, *, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """The reference's clip, reporting half the norm (the finding the table explains)."""
     return reference(model, max_norm=max_norm, norm_type=norm_type) / 2
@@ -72,5 +81,7 @@ FakeFramework.targets = {t.name: t for t in (
     Target("fake-badpath", reference, "reference, delivered doubled", dress=dress, backward=deliver_doubled,
            **COMMON),
     Target("fake-setup", reference, "a framework whose setup raises", dress=dress_fails, **COMMON),
+    Target("fake-stuck-backward", reference, "a framework whose backward never returns on rank 1", dress=dress,
+           backward=deliver_stuck_on_rank_one, **COMMON),
     Target("fake-half", half_norm, "half the norm", dress=dress, backward=deliver, findings=(HALF,), **COMMON),
 )}

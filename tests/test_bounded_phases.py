@@ -70,6 +70,19 @@ def test_ranks_that_die_again_in_the_same_phase_end_the_launch_saying_so(tmp_pat
                         in c["checks"]["not_run"]["detail"] for c in rest)
 
 
+def test_a_framework_backward_that_never_returns_is_a_hang_saying_so_and_the_next_case_runs(tmp_path):
+    run = run_clipcheck(2, ["--scenario", f"{ROOT / 'tests' / 'fake_framework.py'}:FakeFramework",
+                            "--targets", "fake-stuck-backward,reference", "--variant", "stock", "--dtype", "fp32",
+                            "--norm-type", "2", "--clip-ratio", "0.5", "--timeout", str(TIMEOUT_S)], tmp_path,
+                        timeout=240)
+    assert run.returncode == 3, run.stdout[-3000:] + run.stderr[-3000:]
+    stuck = run.one(target="fake-stuck-backward")
+    assert stuck["verdict"] == "ERROR"
+    assert "rank 1: hung: no answer from the framework's backward after 20 s" in stuck["checks"]["hang"]["detail"]
+    assert "deliver_stuck_on_rank_one" in stuck["checks"]["hang"]["detail"]
+    assert run.one(target="reference")["verdict"] == "PASS"
+
+
 INNER = '''
 import subprocess
 
