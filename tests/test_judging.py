@@ -9,7 +9,7 @@ import torch
 
 from harness.cases.variant import CaseSpec, Variant, declared_from_layout
 from harness.judge.checks import CHECKS, POLICY_WORDS, Judgement, evaluate
-from harness.run.case.effects import POLICIES, rank_effects
+from harness.run.case.effects import POLICIES, FromSnapshot, changed_params, rank_effects
 from harness.clipmath import clip_coefficient, pow_sum
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
@@ -113,7 +113,8 @@ def rank_record(case, rank, reported, transform, error=None, fault=None, params_
     pre = {s.name: local_grad(layout, injection, s, rank) for s in layout.trainable}
     raw = {n: (None if g is None else transform(rank, n, g.clone())) for n, g in pre.items()}
     params = {n: torch.zeros(1) for n in params_changed}
-    _, effects = rank_effects(pre, raw, params, {n: p + 1 for n, p in params.items()}, bool(injection.nonfinite))
+    _, effects = rank_effects(pre, raw, FromSnapshot(pre), changed_params(params, {n: p + 1 for n, p in params.items()}),
+                              bool(injection.nonfinite))
     local = effects.record(late=[], stale_truth=False, undelivered=[])
     return {"reported": reported, "error": error, "fault": fault, "seconds": 0.0, "local": local}
 

@@ -13,17 +13,19 @@ never touched). The exchanges, in order (rank 0 gathers, decides, and says what 
    layout and its declared plan (``harness.cases.measured``);
 3. the clip, called once, guarded as the harness guards a target (``guard.guarded``: exceptions
    caught, a hang noticed by the watchdog and posted through the store; ``guard.agree``);
-4. a second pass (the same sums and samples, the copies' digests again), what the clip did to this
-   rank (``local``: the record every check reads), gathered on rank 0 (``audit-record``), which judges
-   with ``harness.judge.checks.evaluate``: the same checks, signatures and tolerances as a case;
-5. with ``restore`` (a copy of the gradients was kept): the exact coefficient measurement (``audit_exact``,
-   in float64 blocks on the gradients' device), and, when the norm is wrong, the one-group runs of the
+4. what the clip did to this rank (``local``: the record every check reads), measured by the path a
+   case's effects take (``effects.rank_effects``) with the audit's reading of the values
+   (``reading.AuditReading``: a second pass, the same sums and samples, the copies' digests again; the
+   coefficients exact from the copy ``restore`` keeps, ``with_copy``, in float64 blocks on the
+   gradients' device, or from both passes' statistics), gathered on rank 0 (``audit-record``), which
+   judges with ``harness.judge.checks.evaluate``: the same checks, signatures and tolerances as a case;
+5. with ``restore``, when the norm is wrong, the one-group runs of the
    blame (``audit-blame-*``), the gradients put back between runs and at the end;
 6. rank 0's verdict to every rank (``audit-verdict``).
 
 Without ``restore`` nothing is copied: the coefficient comes from the row norms and samples of both
-passes (``audit_cheap.cheap_scale``), the parameters' check from their storage, version counters and
-sampled elements (``audit_cheap.ParamMarks``), and the gradients stay as the clip left them (the audit's
+passes (``without_copy.cheap_scale``), the parameters' check from their storage, version counters and
+sampled elements (``without_copy.ParamMarks``), and the gradients stay as the clip left them (the audit's
 call is the step's).
 """
 
@@ -53,17 +55,16 @@ from harness.clipmath import EPS, local_tensor
 from harness.judge.blame import blame_reason, group_only, group_tables, parameter_groups
 from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.one_group import one_group_signature
-from harness.judge.records import CaseResult, Coefficients, RankRecord, Replication, StatsTable
+from harness.judge.records import CaseResult, RankRecord, Replication, StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF
 from harness.judge.truth import measured_norm
-from harness.run.audit.without_copy import ParamMarks, cheap_policies, cheap_scale
+from harness.run.audit.without_copy import ParamMarks, cheap_scale
 from harness.run.audit.job_mesh import job_mesh
 from harness.run.case.model_state import ModelState, fingerprint, settled_changes, threads_started
 from harness.run.case.blame_reruns import weigh_groups
-from harness.run.audit.with_copy import blocked_coefficients
-from harness.run.case.effects import (POLICIES, CallEffects, canonical_nans, consistent_policies, mangled_reason,
-                                     sanitize)
-from harness.run.audit.gradient_pass import GradientPass, Stats, dtype_label
+from harness.run.audit.reading import AuditReading, digestible
+from harness.run.case.effects import CallEffects, mangled_reason, rank_effects
+from harness.run.audit.gradient_pass import GradientPass, dtype_label
 from harness.run.audit.audit_report import AuditReport
 from harness.run.case.measure import from_digests, linear_digest
 from harness.run.case.guard import agree, describe_exception, guarded
@@ -136,7 +137,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     nonfinite = bool(plan["nonfinite"])
     copied = set(plan["digest"][world.rank])  # may be copies of another holding: hashed before and after
     hashed = {n for n, g in grads.items() if g is not None} if nonfinite else copied  # non-finite: was each left?
-    digests_before = {n: linear_digest(_digestible(grads[n], nonfinite)) for n in sorted(hashed)}
+    digests_before = {n: linear_digest(digestible(grads[n], nonfinite)) for n in sorted(hashed)}
     gathered = world.gather_json("audit-digests", {n: d for n, d in digests_before.items() if n in copied},
                                  world.exchange_deadline_s) if any(plan["digest"]) else [{}] * world.world_size
     measured = _measured_case(records, held, gathered, norm_type, max_norm, label) if records is not None else None
@@ -172,40 +173,20 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
                       exc.detail if isinstance(exc, WorldBroken) else str(exc))
     clock.lap("call")
 
-    # 4. what the clip did, gathered and judged
+    # 4. what the clip did, measured as a case's effects are (``effects.rank_effects``), gathered and judged
     named = dict(model.named_parameters())
     after = {n: None if (p := named.get(n)) is None or p.grad is None else local_tensor(p.grad) for n in grads}
-    post, mangled = sanitize(standins, after)
-    state_after = ModelState.of(model)
-    for name, why in state_before.wrapper_changes(state_after).items():
-        mangled.setdefault(name, why)
-        post[name] = None
-    second = GradientPass(norm_type)
-    after_stats = {n: second.add(g) for n, g in post.items() if g is not None}
-    second.finish()
-    for name in copied & set(after_stats):
-        after_stats[name].digest = linear_digest(_digestible(post[name], nonfinite))
-    if copies is not None:
-        scale, vanished = blocked_coefficients(copies, post)
-    else:
-        scale = {n: [*pair, before[n].numel] for n in before if n in after_stats
-                 if (pair := cheap_scale(before[n], after_stats[n])) is not None}
-        vanished = [n for n in before if post.get(n) is None]
-    coefficients: Coefficients = {
-        "scale": scale, "vanished": vanished,
-        "became_nonfinite": [n for n, s in after_stats.items() if n in before and before[n].finite and not s.finite]}
-    effects = CallEffects(
-        coefficients, mangled,
-        replaced=[],  # not judged: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
-        created=[n for n, g in grads.items() if g is None and after.get(n) is not None],
-        changed=marks.changed(ParamMarks.of(list(model.named_parameters()))),
-        flags=state_before.flag_changes(state_after),
-        policies=_policies(before, post, copies, digests_before) if nonfinite else None, nonfinite=nonfinite)
-    local = effects.record(late=_late(model, threads_before, [n for n, _ in params]), stale_truth=False,
-                           undelivered=[])
+    reading = AuditReading(norm_type, before, copied, nonfinite, copies, digests_before)
+    _, effects = rank_effects(standins, after, reading, marks.changed(ParamMarks.of(list(model.named_parameters()))),
+                              nonfinite, state_before, ModelState.of(model), in_place=False)
+    # not ``replaced``: a framework may write new gradient tensors (Target.in_place; docs/audit.md)
+    after_stats = reading.after
+    implied = None
     if reported is None and error is None and fault is None:
-        reported = _implied_norm(local["scale"], max_norm, notes)
-        local["implied"] = reported is not None
+        reported = _implied_norm(effects.coefficients["scale"], max_norm, notes)
+        implied = reported is not None
+    local = effects.record(late=_late(model, threads_before, [n for n, _ in params]), stale_truth=False,
+                           undelivered=[], implied=implied)
     post_tokens = {n: (None if n not in after_stats else after_stats[n].digest if n in copied else "kept")
                    for n in grads}
     clip_record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
@@ -277,15 +258,6 @@ def _implied_norm(scale: Mapping[str, Sequence[float]], max_norm: float, notes: 
     return max_norm / c - EPS
 
 
-def _digestible(grad: torch.Tensor | None, nonfinite: bool) -> torch.Tensor:
-    """What is hashed of a gradient: its bits, its NaNs canonical in a case with non-finite values
-    (NaN payloads and signs carry no meaning: ``effects.canonical_nans``)."""
-    assert grad is not None
-    canonical = canonical_nans({"g": grad})["g"] if nonfinite and grad.is_floating_point() else grad
-    assert canonical is not None
-    return canonical
-
-
 def _standin(grad: torch.Tensor) -> torch.Tensor:
     """A tensor of the gradient's shape, dtype and device holding one element: what ``sanitize`` needs
     to tell a replaced gradient, without a copy."""
@@ -306,19 +278,6 @@ def _late(model: nn.Module, threads_before: set[threading.Thread], names: list[s
         baseline = fingerprint(model, names)
         late, _ = settled_changes(threads_before, model, names, baseline)
     return late
-
-
-def _policies(before: Mapping[str, Stats], post: Grads, copies: Grads | None,
-              digests: Mapping[str, str]) -> list[str] | None:
-    if copies is not None:
-        return consistent_policies(copies, post)
-    if not before:
-        return None
-    ok = dict.fromkeys(POLICIES, True)
-    for name, stats in before.items():
-        one = cheap_policies(stats, post.get(name), digests.get(name))
-        ok = {k: ok[k] and one[k] for k in ok}
-    return [p for p, fine in ok.items() if fine]
 
 
 def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
@@ -424,9 +383,8 @@ def _one_group(world: UserWorld, model: nn.Module, clip: Callable[[], Any], grou
         reported = _group_implied_norm(model, group, copies, max_norm)
     agree(world, f"audit-blame-{index}", {"error": error, "fault": None, "broken": False})
     # a one-group run is judged on its norm only: none of the call's other effects is measured again
-    unmeasured = CallEffects({"scale": {}, "vanished": [], "became_nonfinite": []}, {}, [], [], [])
-    local = unmeasured.record(late=[], stale_truth=False, undelivered=[])
-    local["implied"] = implied and reported is not None
+    local = CallEffects.unmeasured().record(late=[], stale_truth=False, undelivered=[],
+                                            implied=implied and reported is not None)
     record: RankRecord = {"reported": reported, "error": error, "fault": None, "seconds": seconds, "local": local}
     records = world.gather_json(f"audit-blame-record-{index}", record, world.exchange_deadline_s)
     if records is None or measured is None:

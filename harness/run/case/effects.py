@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping, Protocol
 
 import torch
 
@@ -167,11 +167,40 @@ def _flat64(t: torch.Tensor | None) -> torch.Tensor:
     return t.detach().to(torch.float64).reshape(-1).cpu()
 
 
+class ReadsTheCall(Protocol):
+    """How a rank reads what the call did to its gradients' values, from what it kept of them before the
+    call: a copy of each (``FromSnapshot``: the runner's small cases; ``harness.audit`` with
+    ``restore=True``), or statistics alone (``harness.audit`` without a copy). Everything else about the
+    call is measured alike for all of them (``rank_effects``)."""
+
+    def coefficients(self, post: Grads) -> Coefficients:
+        """The factor each gradient was scaled by and how uniformly (``applied_coefficients``'s numbers),
+        from the sanitized post-call gradients."""
+        ...
+
+    def policies(self, post: Grads) -> list[str] | None:
+        """The non-finite policies this rank's gradients are consistent with (``consistent_policies``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class FromSnapshot:
+    """The reading from a copy of every gradient taken before the call."""
+
+    pre: Grads
+
+    def coefficients(self, post: Grads) -> Coefficients:
+        return applied_coefficients(self.pre, post)
+
+    def policies(self, post: Grads) -> list[str] | None:
+        return consistent_policies(self.pre, post)
+
+
 @dataclass
 class CallEffects:
-    """What this rank measured of the call right after it returned; the rank's ``local`` record once the
-    measurements that come later are added (``record``). The runner measures it here (``rank_effects``),
-    the audit by its own paths (with a copy, without one); both build the record through ``record``."""
+    """What this rank measured of the call right after it returned (``rank_effects``, for the runner and
+    ``harness.audit`` alike); the rank's ``local`` record once the measurements that come later are added
+    (``record``)."""
 
     coefficients: Coefficients
     mangled: dict[str, str]
@@ -185,10 +214,17 @@ class CallEffects:
     nonfinite: bool = False
     """The case has a non-finite gradient: the record says which policies the rank is consistent with."""
 
-    def record(self, *, late: list[str], stale_truth: bool, undelivered: list[str]) -> RankLocal:
+    @classmethod
+    def unmeasured(cls) -> "CallEffects":
+        """A call none of whose effects is measured (the audit's one-group runs are judged on their norm)."""
+        return cls({"scale": {}, "vanished": [], "became_nonfinite": []}, {}, [], [], [])
+
+    def record(self, *, late: list[str], stale_truth: bool, undelivered: list[str], post_replicas: Any = None,
+               implied: bool | None = None) -> RankLocal:
         """The rank's ``local`` record (``RankLocal``), the one place it is built: a gradient that was
         mangled is reported as such, not also as vanished; a parameter is reported once, for its values
-        or else for its flag."""
+        or else for its flag. ``post_replicas``: the runner's part of the replication round after the
+        call; ``implied``: the audit's norm was read from the coefficient (the clip returned none)."""
         local: RankLocal = {
             "scale": self.coefficients["scale"],
             "vanished": [n for n in self.coefficients["vanished"] if n not in self.mangled],
@@ -199,45 +235,52 @@ class CallEffects:
         }
         if self.nonfinite:
             local["policies"] = self.policies
+        if post_replicas is not None:
+            local["post_replicas"] = post_replicas
+        if implied is not None:
+            local["implied"] = implied
         return local
 
 
 def rank_effects(
-    pre: Grads,
+    held: Grads,
     after: Grads,
-    params_before: Mapping[str, torch.Tensor],
-    params_after: Mapping[str, torch.Tensor],
+    reading: ReadsTheCall,
+    changed: list[str],
     nonfinite: bool,
     state_before: ModelState | None = None,
     state_after: ModelState | None = None,
     in_place: bool = True,
 ) -> tuple[dict[str, torch.Tensor | None], CallEffects]:
-    """Everything this rank measures about the call at once, as the judge's checks read it (their ``reads``).
+    """Everything this rank measures about the call at once, as the judge's checks read it (their ``reads``):
+    the one path of the runner, ``harness.audit`` and the judge's unit tests.
 
-    Returns the sanitized post-call gradients (for the replication round) and the ``CallEffects``:
-    applied coefficients, ``mangled`` (with gradients whose wrapper changed: plain <-> DTensor, or the
-    DTensor's metadata), ``replaced`` (gradients now in other storage, not scaled in place; left empty for
-    a target whose framework legitimately writes new gradient tensors: ``Target.in_place``), ``created``
+    ``held``: the gradients before the call, or stand-ins of their shape, dtype and device (what
+    ``sanitize`` compares with); ``reading``: how their values before the call are known (a copy, or
+    statistics); ``changed``: the parameters whose values changed, as the caller measured them (from a
+    snapshot, or from marks without one).
+
+    Returns the sanitized post-call gradients and the ``CallEffects``: applied coefficients, ``mangled``
+    (with gradients whose wrapper changed: plain <-> DTensor, or the DTensor's metadata), ``replaced``
+    (gradients now in other storage, not scaled in place; left empty for a target whose framework
+    legitimately writes new gradient tensors: ``Target.in_place``, and by the audit), ``created``
     (gradients where there were none: a frozen parameter, an expert that got no tokens), changed
     parameters (values, and ``requires_grad`` flags) and, in a case with a non-finite gradient, the
-    policies. One function, so that the runner and the judge's unit tests measure alike.
+    policies.
     """
-    post, mangled = sanitize(pre, after)
+    post, mangled = sanitize(held, after)
     if state_before is not None and state_after is not None:
         for name, why in state_before.wrapper_changes(state_after).items():
             mangled.setdefault(name, why)
             post[name] = None
-    if nonfinite:
-        post = canonical_nans(post)
-    created = [n for n, before in pre.items() if before is None and after.get(n) is not None]
+    created = [n for n, before in held.items() if before is None and after.get(n) is not None]
     replaced: list[str] = []
     flags: dict[str, str] = {}
-    if state_before is not None and state_after is not None:  # frozen parameters too: not in ``pre``
+    if state_before is not None and state_after is not None:  # frozen parameters too: not in ``held``
         created += [n for n in state_before.created(state_after) if n not in created]
         flags = state_before.flag_changes(state_after)
         if in_place:
             replaced = [n for n in state_before.replaced(state_after) if n not in mangled and post.get(n) is not None]
-    effects = CallEffects(applied_coefficients(pre, post), mangled, replaced, created,
-                          changed_params(params_before, params_after), flags,
-                          consistent_policies(pre, post) if nonfinite else None, nonfinite)
+    effects = CallEffects(reading.coefficients(post), mangled, replaced, created, changed, flags,
+                          reading.policies(post) if nonfinite else None, nonfinite)
     return post, effects

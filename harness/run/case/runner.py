@@ -39,7 +39,7 @@ from harness.judge.checks import evaluate, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.case.model_state import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
-from harness.run.case.effects import rank_effects, snapshot_params
+from harness.run.case.effects import FromSnapshot, canonical_nans, changed_params, rank_effects, snapshot_params
 from harness.cases.model import generated_grads, local_grads
 from harness.run.case.delivery import expected_copies, undelivered
 from harness.run.case import replicas
@@ -148,8 +148,9 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     with phase_watch(world, "effects"):
         if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
             groups = world.mesh(layout.mesh)
-        post, effects = rank_effects(pre, local_grads(model, names), params_before,
-                                     {n: local_tensor(p) for n, p in model.named_parameters()},
+        post, effects = rank_effects(pre, local_grads(model, names), FromSnapshot(pre),
+                                     changed_params(params_before,
+                                                    {n: local_tensor(p) for n, p in model.named_parameters()}),
                                      bool(variant.injection.nonfinite), state_before, ModelState.of(model),
                                      in_place=target.in_place)
         baseline = fingerprint(model, names)
@@ -158,9 +159,11 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
             fault = "; ".join(filter(None, [fault, threads_fault(running)]))
             world.stop_after_case(f"its target left thread(s) {', '.join(running)} running")
         launch.late_watch = LateWatch(model, names, baseline, running)
-        # this rank's part only: the parts travel in the records, and rank 0 merges them
-        local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here)
-        local["post_replicas"] = replicas.rank_part(world.backend, names, post, stats, groups, world.device)
+        # this rank's part only: the parts travel in the records, and rank 0 merges them (NaN payloads
+        # carry no meaning: canonical, so that replicas are not told apart by them)
+        part = replicas.rank_part(world.backend, names, canonical_nans(post) if variant.injection.nonfinite else post,
+                                  stats, groups, world.device)
+        local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here, post_replicas=part)
     record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                           "local": local, "precision": reported_precision(value) if error is None else None}
     gathered = world.gather_json("record", record, world.exchange_deadline_s)
