@@ -36,6 +36,38 @@ sum is one pass over its bytes instead of three over float64 copies the size of 
 (``bench/oracle_bench.py``; the figures: docs/performance.md, "Figures cited by the code")."""
 
 
+def kernel_norm(t: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """The norm of ``t`` as torch's own kernel computes it for a correct clip (``torch.linalg.vector_norm``,
+    which ``clip_grad_norm_``, ``get_total_norm`` and a DTensor's partial norms all run; ``_foreach_norm``
+    runs the same kernel on CPU), accumulating in fp32 for bf16 and fp16 gradients and in the gradient's
+    own dtype otherwise, before any rounding of the result to the gradient dtype: a 0-dim float64 tensor
+    on ``t``'s device. Why measure it: torch's CPU kernel does not sum pairwise, and on a large fp32
+    gradient it is further from the exact value than any analytic bound of a pairwise sum
+    (``harness.judge.tolerance``, the band; the figures: docs/reading-a-failure.md)."""
+    x = local_tensor(t).detach().reshape(-1)
+    if x.numel() == 0 or not x.is_floating_point():  # nothing to measure (an empty tensor's inf norm is an error)
+        return torch.zeros((), dtype=torch.float64, device=x.device)
+    accumulate = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    return torch.linalg.vector_norm(x, norm_type, dtype=accumulate).to(torch.float64)
+
+
+KERNEL_ERROR_CAP = 1e-3
+"""The largest distance of a kernel's norm from the exact one that is taken for rounding. Past it, the
+kernel failed otherwise (squares underflowing or overflowing its accumulator, no floating values at all),
+and that must not widen a case's band: a miscounted group would hide in it."""
+
+
+def kernel_error(kernel: float, exact_pow: float, norm_type: float) -> float:
+    """The relative distance of a kernel's norm of a gradient (``kernel_norm``) from its exact norm
+    (``exact_pow``: the float64 p-th power sum, or the maximum for the inf norm), where it is rounding;
+    0 where either is not finite, the gradient is zero, or the distance is past ``KERNEL_ERROR_CAP``."""
+    exact = root(exact_pow, norm_type)
+    if not (math.isfinite(kernel) and math.isfinite(exact)) or exact == 0.0:
+        return 0.0
+    distance = abs(kernel / exact - 1.0)
+    return distance if distance <= KERNEL_ERROR_CAP else 0.0
+
+
 def pow_sum(t: torch.Tensor, norm_type: float) -> float:
     """sum |t|^p accumulated in float64, or max |t| for the inf norm (exact in the gradient's own
     dtype, NaN kept); 0 for an empty tensor."""

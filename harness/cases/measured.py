@@ -55,12 +55,15 @@ class Holding:
     words: tuple[int, ...]
     first_nonfinite: tuple[int, str] | None
     sq: float
+    kernel_error: float = 0.0
+    """How far torch's own norm kernel is from this gradient's exact norm (an older record: unmeasured, 0)."""
 
     @classmethod
     def of(cls, rank: int, name: str, record: Sequence[Any]) -> "Holding":
-        shape, dtype, numel, itemsize, power, zero, words, first, sq = record
+        shape, dtype, numel, itemsize, power, zero, words, first, sq, *measured = record
         return cls(rank, name, tuple(shape), dtype, numel, itemsize, power, bool(zero), tuple(words),
-                   None if first is None else (int(first[0]), str(first[1])), sq)
+                   None if first is None else (int(first[0]), str(first[1])), sq,
+                   float(measured[0]) if measured else 0.0)
 
     @property
     def candidate_key(self) -> tuple[Any, ...]:

@@ -35,15 +35,16 @@ from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, re
 from harness.judge.records import (CaseResult, Check, Evidence, RankLocalKey, RankRecord, Replication, StatsTable,
                                    Verdict)
 from harness.judge.signatures import explain, holds_on
-from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, norm_rtol, uniformity_bound
+from harness.judge.tolerance import UNIT_ROUNDOFF, case_band, coefficient_rtol, uniformity_bound
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
 
 
-def tolerance(dtype: str, elements: int = 1) -> float:
-    """The relative tolerance on a norm computed over ``elements`` (``harness.judge.tolerance``)."""
-    return norm_rtol(dtype, elements)
+def tolerance(dtype: str, elements: int = 1, kernel_error: float = 0.0) -> float:
+    """The relative tolerance on a norm computed over ``elements``, whose gradients torch's own kernel
+    was measured to miss by up to ``kernel_error`` (``harness.judge.tolerance.case_band``)."""
+    return case_band(dtype, elements, kernel_error)
 
 
 # -- on rank 0 -----------------------------------------------------------------------------------------
@@ -332,7 +333,7 @@ def judge_norm(j: Judgement) -> Outcome:
     if not j.finite_truth or j.raised:
         return None
     reported, truth = j.reported, j.truth
-    rtol = tolerance(j.dtype, j.elements)
+    rtol = tolerance(j.dtype, j.elements, j.stats.worst_kernel_error)
     rtols = [rank_rtol(rtol, rec.get("precision")) for rec in j.records]
     bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtols[r])]
     if not bad:
@@ -387,7 +388,7 @@ def judge_coefficient(j: Judgement) -> Outcome:
     for r, rec in enumerate(j.records):
         for name, (c, residual, elements) in rec["local"]["scale"].items():
             off = abs(c - expected) / expected
-            ctol = coefficient_rtol(j.dtype, int(elements), j.elements)
+            ctol = coefficient_rtol(j.dtype, int(elements), j.elements, j.stats.worst_kernel_error)
             uniform = residual <= uniformity_bound(j.dtype, int(elements))
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
@@ -598,7 +599,7 @@ def evaluate(
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,
-        tolerance=tolerance(j.dtype, j.elements),
+        tolerance=tolerance(j.dtype, j.elements, j.stats.worst_kernel_error),
         evidence=_evidence(j, mismatches, norm),
     )
     result.signature = signature_of(result)

@@ -256,6 +256,9 @@ class StatsTable:
     itemsize: list[list[int]]
     pow_sum: list[list[float]]
     digests: list[dict[str, str | None]] | None = None
+    kernel_error: list[list[float]] | None = None
+    """Per rank and parameter: how far torch's own norm kernel is from the exact norm of that gradient
+    (``clipmath.kernel_error``): what the case's band is measured from (``judge.tolerance.case_band``)."""
 
     @property
     def world_size(self) -> int:
@@ -263,6 +266,14 @@ class StatsTable:
 
     def present(self, rank: int, j: int) -> bool:
         return self.numel[rank][j] >= 0
+
+    @property
+    def worst_kernel_error(self) -> float:
+        """The largest ``kernel_error`` of any gradient any rank holds (0 when none was measured)."""
+        if self.kernel_error is None:
+            return 0.0
+        return max((e for r, row in enumerate(self.kernel_error) for j, e in enumerate(row) if self.present(r, j)),
+                   default=0.0)
 
     def local_norms(self, norm_type: float) -> list[float]:
         """Each rank's norm of everything it holds, with no cross-rank reduction."""

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from harness.clipmath import CPU_BLOCK, is_inf_norm
+from harness.clipmath import CPU_BLOCK, is_inf_norm, kernel_error, kernel_norm
 from harness.run.case.measure import linear_digest
 
 SAMPLES = 16
@@ -78,6 +78,9 @@ class Stats:
     digest: str | None = None
     rows: torch.Tensor | None = field(default=None, repr=False)
     """The row norms, on the gradient's device (``ROW``)."""
+    kernel_error: float = 0.0
+    """How far torch's own norm kernel is from this gradient's exact norm (``clipmath.kernel_error``):
+    what the audit's band is measured from, as a case's is."""
 
     @property
     def finite(self) -> bool:
@@ -86,14 +89,17 @@ class Stats:
     def record(self) -> list[Any]:
         """What travels to rank 0 in the first round: enough to find the classes of copies."""
         return [list(self.shape), self.dtype, self.numel, self.itemsize, self.pow, self.zero, self.words,
-                list(self.first_nonfinite) if self.first_nonfinite is not None else None, self.sq]
+                list(self.first_nonfinite) if self.first_nonfinite is not None else None, self.sq,
+                self.kernel_error]
 
 
 class GradientPass:
     """One pass over many gradients: queue them with ``add``, then ``finish`` once."""
 
-    def __init__(self, norm_type: float) -> None:
+    def __init__(self, norm_type: float, band: bool = False) -> None:
         self.norm_type = norm_type
+        self.band = band
+        """Measure each gradient's ``kernel_error`` too (the first pass: the case's band; one more read)."""
         self._pending: list[tuple[torch.Tensor, Stats, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, grad: torch.Tensor, digest: bool = False) -> Stats:
@@ -110,7 +116,8 @@ class GradientPass:
         if digest:
             stats.digest = linear_digest(grad)
         squares = stats.rows.to(torch.float64).square().sum()
-        self._pending.append((flat, stats, torch.stack([power if power is not None else squares, squares]),
+        kernel = kernel_norm(flat, self.norm_type) if self.band else squares.new_zeros(())  # the band's one pass
+        self._pending.append((flat, stats, torch.stack([power if power is not None else squares, squares, kernel]),
                               values, words))
         return stats
 
@@ -139,9 +146,10 @@ class GradientPass:
             values = torch.cat([e[3] for e in entries]).tolist()
             words = torch.cat([e[4] for e in entries]).tolist()
             at = 0
-            for (flat, stats, _, sampled, _), (power, sq) in zip(entries, sums):
+            for (flat, stats, _, sampled, _), (power, sq, kernel) in zip(entries, sums):
                 n = sampled.numel()
                 stats.pow, stats.sq = power, sq
+                stats.kernel_error = kernel_error(kernel, power, self.norm_type) if self.band else 0.0
                 stats.values, stats.words = values[at:at + n], words[at:at + n]
                 at += n
                 if sq == 0.0 and flat.numel():  # the row norms of tiny values underflow: ask the bits

@@ -113,7 +113,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     clock = _Clock()
 
     # 1. the first pass, gathered on rank 0
-    first = GradientPass(norm_type)
+    first = GradientPass(norm_type, band=True)
     before = {n: first.add(g) for n, g in grads.items() if g is not None}
     first.finish()
     axes, declared, spans, notes = job_mesh(params, mesh, world.world_size)
@@ -308,6 +308,7 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
         numel=[[by[(r, n)].numel if (r, n) in by else -1 for n in names] for r in range(world)],
         itemsize=[[by[(r, n)].itemsize if (r, n) in by else 0 for n in names] for r in range(world)],
         pow_sum=[[by[(r, n)].pow if (r, n) in by else 0.0 for n in names] for r in range(world)],
+        kernel_error=[[by[(r, n)].kernel_error if (r, n) in by else 0.0 for n in names] for r in range(world)],
     )
     truth = measured_norm(stats, pre, mesh, norm_type)
     case = CaseSpec(0, SCENARIO, variant, label, norm_type, max_norm)

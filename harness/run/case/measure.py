@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from harness.clipmath import combine, pow_sum, root
+from harness.clipmath import combine, kernel_error, kernel_norm, pow_sum, root
 from harness.judge.records import Replication, StatsTable
 from harness.cases.layout import MeshSpec
 
@@ -77,11 +77,11 @@ def gather_stats(
     allgather: AllGather,
     digests: bool = False,
 ) -> StatsTable:
-    """Each rank's [numel, itemsize, pow_sum] per parameter (numel -1 where it has no gradient),
-    all-gathered: the table every rank then holds alike. ``digests``: each gradient's
-    ``bits_digest`` rides along, for ``from_digests`` (the replication without a collective)."""
-    row = [[-1, 0, 0.0, None] if g is None else
-           [g.numel(), g.element_size(), pow_sum(g, norm_type), bits_digest(g) if digests else None]
+    """Each rank's [numel, itemsize, pow_sum, digest, kernel error] per parameter (numel -1 where it has no
+    gradient), all-gathered: the table every rank then holds alike. ``digests``: each gradient's
+    ``bits_digest`` rides along, for ``from_digests`` (the replication without a collective). The
+    kernel error (``clipmath.kernel_error``) is what the case's band is measured from."""
+    row = [[-1, 0, 0.0, None, 0.0] if g is None else _row(g, norm_type, digests)
            for g in (grads.get(name) for name in names)]
     rows = allgather(row)
     return StatsTable(
@@ -90,7 +90,14 @@ def gather_stats(
         itemsize=[[int(entry[1]) for entry in r] for r in rows],
         pow_sum=[[float(entry[2]) for entry in r] for r in rows],
         digests=[{name: entry[3] for name, entry in zip(names, r)} for r in rows] if digests else None,
+        kernel_error=[[float(entry[4]) for entry in r] for r in rows],
     )
+
+
+def _row(grad: torch.Tensor, norm_type: float, digest: bool) -> list[Any]:
+    exact = pow_sum(grad, norm_type)
+    return [grad.numel(), grad.element_size(), exact, bits_digest(grad) if digest else None,
+            kernel_error(float(kernel_norm(grad, norm_type)), exact, norm_type)]
 
 
 def uses_digests(backend: str) -> bool:
