@@ -7,6 +7,7 @@ does (``effects.rank_effects``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
@@ -30,21 +31,20 @@ def digestible(grad: torch.Tensor | None, nonfinite: bool) -> torch.Tensor:
     return canonical
 
 
+@dataclass
 class AuditReading:
     """The audit's reading of one call. ``before``: the first pass's statistics per gradient; ``copied``:
     the gradients that may be copies (hashed after the call too); ``copies``: the gradients as they were,
     where ``restore=True`` kept them, else None; ``digests_before``: the digests taken before the call.
     ``after`` holds the second pass's statistics once ``coefficients`` has run."""
 
-    def __init__(self, norm_type: float, before: Mapping[str, Stats], copied: set[str], nonfinite: bool,
-                 copies: Grads | None, digests_before: Mapping[str, str]) -> None:
-        self.norm_type = norm_type
-        self.before = before
-        self.copied = copied
-        self.nonfinite = nonfinite
-        self.copies = copies
-        self.digests_before = digests_before
-        self.after: dict[str, Stats] = {}
+    norm_type: float
+    before: Mapping[str, Stats]
+    copied: set[str]
+    nonfinite: bool
+    copies: Grads | None
+    digests_before: Mapping[str, str]
+    after: dict[str, Stats] = field(default_factory=dict)
 
     def coefficients(self, post: Grads) -> Coefficients:
         second = GradientPass(self.norm_type)
