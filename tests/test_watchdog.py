@@ -86,3 +86,39 @@ def test_a_finished_call_leaves_nothing_of_its_callers_alive():
         gc.collect()
         time.sleep(0.01)
     assert keep[0]() is None, "the watchdog still holds the frames of a call that has returned"
+
+
+class _World:
+    """What a phase watch needs of a world: its deadline, marks and where waits look for a pause."""
+
+    def __init__(self) -> None:
+        from contextlib import nullcontext
+
+        self.hang_deadline_s = 0.3
+        self.while_waiting = nullcontext
+        self.marks: list[str] = []
+        self.hangs: list[str] = []
+        self.phase_marks = self
+
+    def mark(self, phase: str) -> None:
+        self.marks.append(phase)
+
+    def post_phase_hang(self, message: str) -> None:
+        self.hangs.append(message)
+
+
+def test_a_phase_stays_watched_and_marked_through_each_of_its_waits_for_peers():
+    """Two waits for peers inside one phase (the measure phase has a stats and a replication round): each is
+    paused, the phase stays marked, and time spent waiting never counts as the phase's own."""
+    from harness.run.case.guard import phase_watch
+
+    world = _World()
+    with phase_watch(world, "measure"):  # type: ignore[arg-type]
+        for _ in range(2):
+            with world.while_waiting():
+                time.sleep(0.5)  # past the deadline, but waiting for peers
+    assert world.hangs == []
+    assert world.marks == ["measure", ""]
+    with phase_watch(world, "judge"):  # type: ignore[arg-type]
+        time.sleep(0.6)  # its own work past the deadline: reported
+    assert len(world.hangs) == 1 and "hung in the harness's judge phase" in world.hangs[0]

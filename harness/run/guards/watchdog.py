@@ -145,17 +145,21 @@ class watched:
         faulthandler.dump_traceback_later(self.deadline_s + BACKSTOP_GRACE_S, exit=True, file=_stderr_fd())
         self._call = _WATCHDOG.arm(self.deadline_s, self.on_hang, entered)
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def _disarm(self) -> None:
         _WATCHDOG.disarm(self._call)
         faulthandler.cancel_dump_traceback_later()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._disarm()
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """``with watch.paused(): wait``: time the body spends waiting for other processes, which are
         watched themselves, is not the body's: a rank waiting for a stuck peer must not be the one
-        reported stuck. The deadline starts afresh after the wait."""
-        self.__exit__(None, None, None)
+        reported stuck. The deadline starts afresh after the wait; the watch is otherwise as it was
+        (only the deadline is paused: a subclass's ``__exit__`` is not run)."""
+        self._disarm()
         try:
             yield
         finally:
