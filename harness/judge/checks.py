@@ -23,6 +23,7 @@ produces; ``evaluate`` runs them in order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -39,12 +40,6 @@ from harness.judge.tolerance import UNIT_ROUNDOFF, case_band, coefficient_rtol, 
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
-
-
-def tolerance(dtype: str, elements: int = 1, kernel_error: float = 0.0) -> float:
-    """The relative tolerance on a norm computed over ``elements``, whose gradients torch's own kernel
-    was measured to miss by up to ``kernel_error`` (``harness.judge.tolerance.case_band``)."""
-    return case_band(dtype, elements, kernel_error)
 
 
 # -- on rank 0 -----------------------------------------------------------------------------------------
@@ -158,6 +153,12 @@ class Judgement:
     pre: Replication
     post: Replication
     records: Sequence[RankRecord]
+
+    @functools.cached_property
+    def band(self) -> float:
+        """The relative tolerance on the case's norm: its band (``harness.judge.tolerance.case_band``), from
+        the elements every rank holds and what torch's own kernel was measured to do on them."""
+        return case_band(self.dtype, self.elements, self.stats.worst_kernel_error)
 
     @property
     def mesh(self) -> MeshSpec:
@@ -333,7 +334,7 @@ def judge_norm(j: Judgement) -> Outcome:
     if not j.finite_truth or j.raised:
         return None
     reported, truth = j.reported, j.truth
-    rtol = tolerance(j.dtype, j.elements, j.stats.worst_kernel_error)
+    rtol = j.band
     rtols = [rank_rtol(rtol, rec.get("precision")) for rec in j.records]
     bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtols[r])]
     if not bad:
@@ -388,7 +389,7 @@ def judge_coefficient(j: Judgement) -> Outcome:
     for r, rec in enumerate(j.records):
         for name, (c, residual, elements) in rec["local"]["scale"].items():
             off = abs(c - expected) / expected
-            ctol = coefficient_rtol(j.dtype, int(elements), j.elements, j.stats.worst_kernel_error)
+            ctol = coefficient_rtol(j.dtype, int(elements), j.band)
             uniform = residual <= uniformity_bound(j.dtype, int(elements))
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
@@ -599,7 +600,7 @@ def evaluate(
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,
-        tolerance=tolerance(j.dtype, j.elements, j.stats.worst_kernel_error),
+        tolerance=j.band,
         evidence=_evidence(j, mismatches, norm),
     )
     result.signature = signature_of(result)

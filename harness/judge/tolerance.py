@@ -87,7 +87,7 @@ def uniformity_bound(dtype: str, elements: int) -> float:
     return 4 * (2 * u_d + 2 * intermediate_roundoff(dtype) + (2 * max(elements, 1) + 8) * _U64)
 
 
-def coefficient_rtol(dtype: str, elements: int, total_elements: int, kernel_error: float = 0.0) -> float:
+def coefficient_rtol(dtype: str, elements: int, band: float) -> float:
     """Relative tolerance on the coefficient applied to a gradient of ``elements`` elements, in a case
-    whose norm is computed over ``total_elements`` (its band: ``case_band``)."""
-    return case_band(dtype, total_elements, kernel_error) + UNIT_ROUNDOFF[dtype] + uniformity_bound(dtype, elements)
+    whose norm's tolerance is ``band`` (``case_band``)."""
+    return band + UNIT_ROUNDOFF[dtype] + uniformity_bound(dtype, elements)

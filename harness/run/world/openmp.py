@@ -103,9 +103,4 @@ def name_rank_threads(environ: MutableMapping[str, str]) -> None:
         environ["OMP_NUM_THREADS"] = str(DEFAULT_RANK_THREADS)
 
 
-def unreleased_reason() -> str | None:
-    """Why the OpenMP pool was not released at this process's fork (None: it was, or there was none)."""
-    return _unreleased
-
-
 os.register_at_fork(before=release_before_fork)
