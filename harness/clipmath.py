@@ -10,7 +10,7 @@ All accumulation is float64 so that the harness's own arithmetic never limits wh
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, cast
+from typing import Callable, Iterable, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -58,14 +58,48 @@ and that must not widen a case's band: a miscounted group would hide in it."""
 
 
 def kernel_error(kernel: float, exact_pow: float, norm_type: float) -> float:
-    """The relative distance of a kernel's norm of a gradient (``kernel_norm``) from its exact norm
-    (``exact_pow``: the float64 p-th power sum, or the maximum for the inf norm), where it is rounding;
-    0 where either is not finite, the gradient is zero, or the distance is past ``KERNEL_ERROR_CAP``."""
+    """The relative error of a kernel's norm of a gradient (``kernel_norm``) from its exact norm
+    (``exact_pow``: the float64 p-th power sum, or the maximum for the inf norm), signed (kernel / exact - 1:
+    the band replays the sums it enters), where it is rounding; 0 where either is not finite, the gradient
+    is zero, or the distance is past ``KERNEL_ERROR_CAP``."""
     exact = root(exact_pow, norm_type)
     if not (math.isfinite(kernel) and math.isfinite(exact)) or exact == 0.0:
         return 0.0
-    distance = abs(kernel / exact - 1.0)
-    return distance if distance <= KERNEL_ERROR_CAP else 0.0
+    error = kernel / exact - 1.0
+    return error if abs(error) <= KERNEL_ERROR_CAP else 0.0
+
+
+FLAT_LIMIT = 1 << 24
+"""The most elements of a rank's gradients the flat-buffer measurement concatenates (``flat_error``): a
+bound on its memory (one copy of that many elements) and time, whatever the model's size."""
+
+
+def flat_error(grads: Sequence[torch.Tensor], exact_pows: Sequence[float], norm_type: float) -> float:
+    """The relative error (``kernel_error``) of torch's kernel on one flat buffer of a rank's gradients: the
+    concatenation of its first gradients (``grads`` in order, whole tensors, those of the first one's dtype
+    and device) up to ``FLAT_LIMIT`` elements, against the exact norm of the same gradients
+    (``exact_pows``, their float64 p-th power sums). Why: a clip that flattens its gradients (one buffer,
+    one ``vector_norm``: DeepSpeed's and apex's buckets) sums far more elements in one kernel than any
+    per-gradient measurement does, and on a CPU that kernel's error grows with the length. A rank holding
+    more than ``FLAT_LIMIT`` elements is measured on its first bucket of that size (what a bucketed clip
+    sums); 0 where fewer than two gradients fit (the per-gradient measurement is that buffer) and for the
+    inf norm (a maximum is exact)."""
+    if is_inf_norm(norm_type) or not grads:
+        return 0.0
+    first = local_tensor(grads[0])
+    bucket: list[torch.Tensor] = []
+    exact, size = 0.0, 0
+    for grad, power in zip(grads, exact_pows):
+        x = local_tensor(grad)
+        if x.dtype != first.dtype or x.device != first.device or not x.is_floating_point():
+            continue
+        if size + x.numel() > FLAT_LIMIT and bucket:
+            break
+        bucket.append(x.detach().reshape(-1))
+        exact, size = exact + power, size + x.numel()
+    if len(bucket) < 2:
+        return 0.0
+    return kernel_error(float(kernel_norm(torch.cat(bucket), norm_type)), exact, norm_type)
 
 
 def pow_sum(t: torch.Tensor, norm_type: float) -> float:

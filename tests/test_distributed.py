@@ -26,7 +26,7 @@ def xorl_world4(tmp_path_factory):
 @pytest.fixture(scope="module")
 def controls_world2(tmp_path_factory):
     targets = ["reference", "torch", "torch-dtensor", "examples/my_clip.py:clip"] + [
-        f"{BROKEN}:{name}" for name in ("norm_off", "ranks_disagree", "no_clip", "replica_drift")
+        f"{BROKEN}:{name}" for name in ("norm_off", "norm_through_fp16", "ranks_disagree", "no_clip", "replica_drift")
     ]
     run = run_harness(2, ["--scenario", "dense_dp", "--target", ",".join(targets), "--timeout", "20",
                           "--dtype", "fp32"], tmp_path_factory.mktemp("controls"))
@@ -168,7 +168,8 @@ def test_reference_dtensor_and_readme_example_pass_everything(controls_world2):
 
 def test_each_check_fails_on_its_broken_clip(controls_world2):
     run = controls_world2
-    expect = {"norm_off": {"norm"}, "ranks_disagree": {"agree"}, "no_clip": {"coefficient"}}
+    expect = {"norm_off": {"norm"}, "norm_through_fp16": {"arithmetic"}, "ranks_disagree": {"agree"},
+              "no_clip": {"coefficient"}}
     for name, checks in expect.items():
         cases = [c for c in run.cases(target=f"{BROKEN}:{name}") if c["true_norm"] not in ("nan", "inf")]
         assert len(cases) == 4 * 2 * 2  # the 4 finite layouts

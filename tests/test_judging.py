@@ -157,8 +157,38 @@ def test_correct_records_pass_every_check():
 def test_norm_check_fails_on_a_wrong_value():
     case = dense_case()
     truth, scale = correct(case)
-    result, _ = judge(case, [truth * 1.001, truth * 1.001], scale)
+    result, _ = judge(case, [truth * 1.3, truth * 1.3], scale)
     assert failed(result) == {"norm"}
+    assert "correct fp32 implementations on these gradients reach" in result.failed[0].detail
+
+
+def test_a_norm_off_by_less_than_any_miscount_is_an_arithmetic_finding():
+    """A norm a thousandth off on a case whose smallest holding moves it by percents when counted twice: no count
+    explains it, and the check that fails says arithmetic, with no counting signature."""
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth * 1.001, truth * 1.001], scale)
+    assert failed(result) == {"arithmetic"}
+    detail = result.failed[0].detail
+    assert "outside their spread" in detail and "by less than any miscount" in detail, detail
+    assert not result.signature
+
+
+def test_a_non_finite_norm_of_finite_gradients_is_an_arithmetic_finding():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [math.inf, math.inf], scale)
+    assert "arithmetic" in failed(result) and "norm" not in failed(result)
+    assert "non-finite norm where the true one is finite" in next(c.detail for c in result.failed
+                                                                  if c.name == "arithmetic")
+
+
+def test_a_passing_norm_says_where_correct_clips_land():
+    case = dense_case()
+    truth, scale = correct(case)
+    result, _ = judge(case, [truth, truth], scale)
+    norm = next(c for c in result.checks if c.name == "norm")
+    assert norm.passed and "within their spread" in norm.detail and "reported 1.000000 x true" in norm.detail
 
 
 def test_agree_check_fails_when_ranks_differ_by_one_ulp():
@@ -322,13 +352,13 @@ def test_a_norm_returned_as_a_float32_tensor_is_judged_at_one_float32_rounding()
     rounded = float(torch.tensor(truth, dtype=torch.float32))
     assert abs(rounded - truth) / truth > 1e-9  # outside fp64's own tolerance
     result, _ = judge(case, [rounded, rounded], scale)
-    assert failed(result) == {"norm"}  # a Python float: fp64 precision, so this is wrong
+    assert failed(result) == {"arithmetic"}  # a Python float: fp64 precision, so this is wrong
     stats = simulated_stats(case.layout, case.injection, 2.0)
     rep = true_replication(case.layout)
     records = [dict(rank_record(case, r, rounded, scale), precision="fp32") for r in range(2)]
     assert evaluate(case, truth, truth, stats, rep, rep, records).verdict == "PASS"
     off = [dict(rank_record(case, r, truth * (1 + 1e-6), scale), precision="fp32") for r in range(2)]
-    assert "norm" in failed(evaluate(case, truth, truth, stats, rep, rep, off))  # beyond one float32 rounding
+    assert "arithmetic" in failed(evaluate(case, truth, truth, stats, rep, rep, off))  # beyond one float32 rounding
 
 
 def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
@@ -341,7 +371,7 @@ def test_a_failing_norm_or_coefficient_says_how_far_off_and_the_tolerance():
     c32 = float(torch.tensor(clip_coefficient(case.max_norm, truth), dtype=torch.float32))
     result, _ = judge(case, [truth * (1 + 1e-7)] * 2, lambda r, n, g: g * c32)
     details = {c.name: c.detail for c in result.failed}
-    assert "relative error up to 1e-07 > tolerance 1e-09" in details["norm"], details
+    assert "relative error up to 1e-07 > tolerance 1e-09" in details["arithmetic"], details
     assert "relative error" in details["coefficient"] and "> tolerance" in details["coefficient"], details
 
 
@@ -490,6 +520,7 @@ CONTROLS = {
     "created": lambda: _created_control(),
     "late": lambda: _late_control(),
     "norm": lambda: _with_correct(lambda c, t, s: judge(c, [t * 0.5, t * 0.5], s)),
+    "arithmetic": lambda: _with_correct(lambda c, t, s: judge(c, [t * 1.001, t * 1.001], s)),
     "agree": lambda: _with_correct(lambda c, t, s: judge(c, [t, math.nextafter(t, 0.0)], s)),
     "coefficient": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], lambda r, n, g: g)),
     "replicas": lambda: _with_correct(lambda c, t, s: judge(c, [t, t], s, post_distinct={"dp": {"a": True, "b": True}})),

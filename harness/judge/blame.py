@@ -101,7 +101,8 @@ def group_tables(stats: StatsTable, pre: Replication, group: Collection[str]) ->
     sub_stats = StatsTable(stats.names, stats.numel, stats.itemsize,
                            [[v if n in group else 0.0 for n, v in zip(stats.names, row)] for row in stats.pow_sum],
                            kernel_error=None if stats.kernel_error is None else
-                           [[e if n in group else 0.0 for n, e in zip(stats.names, row)] for row in stats.kernel_error])
+                           [[e if n in group else 0.0 for n, e in zip(stats.names, row)] for row in stats.kernel_error],
+                           flat_error=stats.flat_error)  # the whole rank's buffer: at least as long as the group's
     sub_pre = Replication(pre.distinct, {n: [k if n in group or k is None else f"zeroed|{r}|{n}"
                                              for r, k in enumerate(keys)] for n, keys in classes.items()})
     return sub_stats, sub_pre

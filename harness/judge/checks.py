@@ -27,16 +27,18 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Literal, Mapping, Sequence, cast
 
 from harness.cases.variant import CaseSpec
 from harness.clipmath import clip_coefficient
 from harness.cases.layout import MeshSpec, Replicate, Shard
-from harness.judge.truth import CROSS_CHECK_RTOL, declared_norm, norms_agree, replicas_counted_on, unreduced_over
+from harness.judge.truth import (CROSS_CHECK_RTOL, declared_norm, measured_copies, norms_agree, replicas_counted_on,
+                                unreduced_over)
 from harness.judge.records import (CaseResult, Check, Evidence, RankLocalKey, RankRecord, Replication, StatsTable,
                                    Verdict)
 from harness.judge.signatures import explain, holds_on
-from harness.judge.tolerance import UNIT_ROUNDOFF, case_band, coefficient_rtol, uniformity_bound
+from harness.judge.band import Band, case_band
+from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, uniformity_bound
 
 
 _COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting", "timed out")
@@ -155,10 +157,16 @@ class Judgement:
     records: Sequence[RankRecord]
 
     @functools.cached_property
-    def band(self) -> float:
-        """The relative tolerance on the case's norm: its band (``harness.judge.tolerance.case_band``), from
-        the elements every rank holds and what torch's own kernel was measured to do on them."""
-        return case_band(self.dtype, self.elements, self.stats.worst_kernel_error)
+    def band(self) -> Band:
+        """The case's band (``harness.judge.band``): how far correct clips land on its gradients, replayed from
+        what torch's own kernels were measured to do on them; its ``rtol`` is the norm's tolerance."""
+        return case_band(self.stats, measured_copies(self.stats, self.pre, self.mesh), self.case.norm_type,
+                         self.dtype)
+
+    @functools.cached_property
+    def norm_reading(self) -> tuple[NormKind, str] | None:
+        """Where the reported norms fall against the band (``read_norm``), read once for both norm checks."""
+        return read_norm(self)
 
     @property
     def mesh(self) -> MeshSpec:
@@ -168,11 +176,6 @@ class Judgement:
     @property
     def dtype(self) -> str:
         return self.case.injection.dtype
-
-    @property
-    def elements(self) -> int:
-        """Gradient elements every rank holds, summed: what a clip's norm is computed over (at most)."""
-        return sum(n for per_rank in self.stats.numel for n in per_rank if n > 0)
 
     @property
     def finite_truth(self) -> bool:
@@ -330,19 +333,82 @@ def judge_params(j: Judgement) -> Outcome:
 
 
 def judge_norm(j: Judgement) -> Outcome:
-    """The reported norm is the true global norm, within what the case's dtype allows."""
+    """The reported norm is the true global norm, within the case's band (``harness.judge.band``); a norm
+    outside it that no miscount explains is the ``arithmetic`` check's (``read_norm``)."""
+    reading = j.norm_reading
+    return None if reading is None or reading[0] == "arithmetic" else (reading[0] == "within", reading[1])
+
+
+def judge_arithmetic(j: Judgement) -> Outcome:
+    """A reported norm outside the spread of correct clips on the case's gradients by less than any miscount
+    would move it (or not finite where the truth is): the clip's arithmetic, worded as such and never
+    blamed on a group (``read_norm``)."""
+    reading = j.norm_reading
+    return (False, reading[1]) if reading is not None and reading[0] == "arithmetic" else None
+
+
+NormKind = Literal["within", "arithmetic", "counting"]
+
+
+def read_norm(j: Judgement) -> tuple[NormKind, str] | None:
+    """Where the reported norms fall: within the band; outside it and arithmetic (a report that is not
+    finite where the truth is, or off by less than half of what the smallest miscount moves it:
+    ``smallest_miscount``, so no count of any holding explains it); or outside it and possibly a miscount
+    (the norm check, its signature and blame). None where no norm is judged (a non-finite truth, a raise)."""
     if not j.finite_truth or j.raised:
         return None
-    reported, truth = j.reported, j.truth
-    rtol = j.band
-    rtols = [rank_rtol(rtol, rec.get("precision")) for rec in j.records]
+    reported, truth, band = j.reported, j.truth, j.band
+    rtols = [rank_rtol(band.rtol, rec.get("precision")) for rec in j.records]
     bad = [r for r, v in enumerate(reported) if v is None or not norms_agree(v, truth, rtols[r])]
     if not bad:
-        return True, ""
+        return "within", band.describe(cast(float, reported[0]) / truth) if truth else ""
     ratios = {r: (cast(float, reported[r]) / truth if reported[r] is not None and truth else None) for r in bad}
     errors = [abs(x - 1.0) for x in ratios.values() if x is not None]
     off = f" (relative error up to {_fmt_rel(max(errors))} > tolerance {rtols[bad[0]]:.2g})" if errors else ""
-    return False, "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]) + off
+    detail = "reported/true " + ", ".join(f"rank {r}: {_fmt(x)}" for r, x in list(ratios.items())[:4]) + off
+    spread = band.reach()
+    values = [reported[r] for r in bad]
+    if any(v is None for v in values) or not errors:
+        return "counting", detail
+    if not all(math.isfinite(cast(float, v)) for v in values):
+        return "arithmetic", (f"{detail}: a non-finite norm where the true one is finite ({truth:.6g}), what arithmetic "
+                              f"past the range of its type gives (squares or the total in {j.dtype}, or narrower?)")
+    smallest = smallest_miscount(j)
+    if smallest is not None and max(errors) < smallest[1] / 2:
+        return "arithmetic", (f"{detail}; {spread}: outside their spread, and by less than any miscount (the "
+                              f"smallest, {smallest[0]} {_miscounted(j.case.norm_type)}, moves it by "
+                              f"{_fmt_rel(smallest[1])}): the "
+                              f"arithmetic (squares summed in {_narrower(j.dtype)}? the norm rounded to a narrower "
+                              f"type?)")
+    return "counting", f"{detail}; {spread}"
+
+
+def _miscounted(norm_type: float) -> str:
+    return "left out" if math.isinf(norm_type) else "counted twice"
+
+
+def _narrower(dtype: str) -> str:
+    return "bf16 or fp16" if dtype in ("fp32", "fp64") else dtype
+
+
+def smallest_miscount(j: Judgement) -> tuple[str, float] | None:
+    """The logical gradient whose miscount moves the norm least, and by how much (relative). For a p-norm,
+    counting it twice (``(1 + t / T^p)^(1/p) - 1``, t its p-th power sum, T the truth; omitting it moves the
+    norm further). For the inf norm, only omitting the gradients that hold the maximum moves it, down to the
+    next largest (``1 - m2 / m1``). None where nothing is held or no miscount moves it."""
+    p = j.case.norm_type
+    if not j.truth:
+        return None
+    copies = measured_copies(j.stats, j.pre, j.mesh)
+    counted = [(f"{j.stats.names[k]} (rank {r})", j.stats.pow_sum[r][k]) for r, row in enumerate(copies)
+               for k, held in enumerate(row) if held and min(held) == (r, k) and j.stats.pow_sum[r][k] > 0]
+    if math.isinf(p):
+        below = [(name, value) for name, value in counted if value < j.truth]
+        top = [name for name, value in counted if value >= j.truth]
+        return None if not top else (top[0], 1 - max((v for _, v in below), default=0.0) / j.truth)
+    total = j.truth ** p
+    moved = [(name, (1 + value / total) ** (1 / p) - 1) for name, value in counted]
+    return min(moved, key=lambda m: m[1], default=None)
 
 
 def rank_rtol(rtol: float, precision: str | None) -> float:
@@ -385,18 +451,24 @@ def judge_coefficient(j: Judgement) -> Outcome:
     if not j.finite_truth or j.raised:
         return None
     expected = expected_coefficient(j)
-    worst: tuple[float, str] | None = None
+    worst: tuple[float, str, bool] | None = None
     for r, rec in enumerate(j.records):
         for name, (c, residual, elements) in rec["local"]["scale"].items():
             off = abs(c - expected) / expected
-            ctol = coefficient_rtol(j.dtype, int(elements), j.band)
+            ctol = coefficient_rtol(j.dtype, int(elements), j.band.rtol)
             uniform = residual <= uniformity_bound(j.dtype, int(elements))
             if (off > ctol or not uniform) and (worst is None or off > worst[0]):
                 how = f"scaled by {c:.6g}" if uniform else f"scaled non-uniformly (~{c:.6g}, residual {residual:.2g})"
                 why = (f"relative error {_fmt_rel(off)} > tolerance {ctol:.2g}" if off > ctol else
                        f"residual {residual:.2g} > bound {uniformity_bound(j.dtype, int(elements)):.2g}")
-                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g} ({why})")
-    return worst is None, "" if worst is None else worst[1]
+                worst = (off, f"rank {r}: {name} {how}, expected {expected:.6g} ({why})", uniform)
+    if worst is None:
+        return True, ""
+    reading = j.norm_reading
+    if worst[2] and reading is not None and reading[0] == "within":
+        return False, (f"{worst[1]}; the norm it reported is within the band: the coefficient's own arithmetic "
+                       f"(computed or held in a narrower type than {j.dtype}?)")
+    return False, worst[1]
 
 
 def judge_replicas(j: Judgement) -> Outcome:
@@ -506,6 +578,7 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("created", judge_created, reads=("created",)),
     CheckSpec("late", judge_late, reads=("late",)),
     CheckSpec("norm", judge_norm),
+    CheckSpec("arithmetic", judge_arithmetic),
     CheckSpec("agree", judge_agree),
     CheckSpec("coefficient", judge_coefficient, reads=("scale",)),
     CheckSpec("replicas", judge_replicas),
@@ -600,7 +673,7 @@ def evaluate(
         coefficient=coefficient,
         seconds=max(float(r["seconds"]) for r in records),
         errors=j.errors,
-        tolerance=j.band,
+        tolerance=j.band.rtol,
         evidence=_evidence(j, mismatches, norm),
     )
     result.signature = signature_of(result)

@@ -257,8 +257,11 @@ class StatsTable:
     pow_sum: list[list[float]]
     digests: list[dict[str, str | None]] | None = None
     kernel_error: list[list[float]] | None = None
-    """Per rank and parameter: how far torch's own norm kernel is from the exact norm of that gradient
-    (``clipmath.kernel_error``): what the case's band is measured from (``judge.tolerance.case_band``)."""
+    """Per rank and parameter: the relative error of torch's own norm kernel on that gradient
+    (``clipmath.kernel_error``, signed): what the case's band is measured from (``harness.judge.band``)."""
+    flat_error: list[float] | None = None
+    """Per rank: the relative error of torch's kernel on one flat buffer of its gradients
+    (``clipmath.flat_error``)."""
 
     @property
     def world_size(self) -> int:
@@ -266,14 +269,6 @@ class StatsTable:
 
     def present(self, rank: int, j: int) -> bool:
         return self.numel[rank][j] >= 0
-
-    @property
-    def worst_kernel_error(self) -> float:
-        """The largest ``kernel_error`` of any gradient any rank holds (0 when none was measured)."""
-        if self.kernel_error is None:
-            return 0.0
-        return max((e for r, row in enumerate(self.kernel_error) for j, e in enumerate(row) if self.present(r, j)),
-                   default=0.0)
 
     def local_norms(self, norm_type: float) -> list[float]:
         """Each rank's norm of everything it holds, with no cross-rank reduction."""
@@ -299,15 +294,6 @@ class Replication:
 
     distinct: dict[str, dict[str, bool]]
     classes: dict[str, list[str | None]] | None = None
-
-    def copies(self) -> dict[str, int]:
-        """How many holdings each class key has (``classes`` only)."""
-        counts: dict[str, int] = {}
-        for keys in (self.classes or {}).values():
-            for key in keys:
-                if key is not None:
-                    counts[key] = counts.get(key, 0) + 1
-        return counts
 
     def replicated_axes(self, name: str, mesh: MeshSpec) -> frozenset[str]:
         return frozenset(a for a in mesh.names if not self.distinct.get(a, {}).get(name, False))

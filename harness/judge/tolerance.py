@@ -20,12 +20,13 @@ bounds the relative error of one rounding; a correct clip rounds a bounded numbe
   float64 fit is the same precision as the gradients, which is why the bound must grow with ``n``
   there (a fixed ``8 u`` failed the reference itself at fp64).
 * **The coefficient's value** (``coefficient_rtol``): the coefficient a correct clip applies is
-  ``max_norm / (its reported norm + eps)``, so it is off by its norm's error, plus one rounding of the
-  coefficient itself to the gradient dtype, plus the uniformity of the fit.
-* **The band** (``case_band``): the norm's tolerance of a case is also measured, on the case's own
-  gradients: how far torch's own kernel is from the exact norm of each of them, times a safety factor,
-  plus the roundings of the result. The analytic bound above stays its floor; the measurement raises it
-  where torch's kernels do worse than a pairwise sum (millions of fp32 elements on CPU).
+  ``max_norm / (its reported norm + eps)``, so it is off by its norm's error (the band), plus one rounding
+  of the coefficient itself to the gradient dtype, plus the elements' roundings averaged by the fit.
+* **The band** (``harness.judge.band``): the norm's tolerance of a case is also measured, on the case's
+  own gradients: how far correct clips (torch's kernels, their ways of combining per-gradient norms in the
+  dtype) land from the exact norm, times a safety factor, plus the roundings of the result. The analytic
+  bound above stays its floor; the measurement raises it where correct code does worse (millions of fp32
+  elements in one CPU kernel, partial norms combined in bf16).
 """
 
 from __future__ import annotations
@@ -62,32 +63,27 @@ def norm_rtol(dtype: str, elements: int = 1) -> float:
     return max(NORM_RTOL[dtype], derived)
 
 
-BAND_SAFETY = 2.0
-"""How far past what torch's own kernels were measured to do on a case's gradients a correct clip may
-land: another correct clip sums in another order, on another thread count, with another block size, and
-those differ from the measured kernel by about as much again as the kernel differs from the exact value
-(``case_band``)."""
+def element_rounding(dtype: str) -> float:
+    """The relative error of one correctly clipped element: a product, then a quotient (two roundings to
+    the gradient dtype, two in the intermediate)."""
+    return 2 * UNIT_ROUNDOFF[dtype] + 2 * intermediate_roundoff(dtype)
 
 
-def case_band(dtype: str, elements: int, kernel_error: float = 0.0) -> float:
-    """The relative tolerance on a case's reported norm: what torch's own norm kernel was measured to do on
-    the case's gradients (``kernel_error``: the largest relative distance of any gradient's kernel norm
-    from its exact norm, ``clipmath.kernel_error``) times ``BAND_SAFETY``, plus two roundings to the
-    gradient dtype (each gradient's norm, then the total: what torch's clip returns), and never below the
-    analytic bound ``norm_rtol``. The measurement matters at users' sizes: torch's CPU kernel is not a
-    pairwise sum, and on a gradient of millions of fp32 elements it is further off than ``norm_rtol``
-    allows (docs/reading-a-failure.md, "The band")."""
-    return max(norm_rtol(dtype, elements), BAND_SAFETY * kernel_error + 2 * UNIT_ROUNDOFF[dtype])
+def _fit_error(elements: int) -> float:
+    """The float64 least-squares fit's own error over ``elements`` elements (sequential sums, at worst)."""
+    return (2 * max(elements, 1) + 8) * _U64
 
 
 def uniformity_bound(dtype: str, elements: int) -> float:
     """The largest relative residual of a least-squares fit of one coefficient to a correctly clipped
     gradient of ``elements`` elements (residual: max |after - c * before| / max |c * before|)."""
-    u_d = UNIT_ROUNDOFF[dtype]
-    return 4 * (2 * u_d + 2 * intermediate_roundoff(dtype) + (2 * max(elements, 1) + 8) * _U64)
+    return 4 * (element_rounding(dtype) + _fit_error(elements))
 
 
 def coefficient_rtol(dtype: str, elements: int, band: float) -> float:
     """Relative tolerance on the coefficient applied to a gradient of ``elements`` elements, in a case
-    whose norm's tolerance is ``band`` (``case_band``)."""
-    return band + UNIT_ROUNDOFF[dtype] + uniformity_bound(dtype, elements)
+    whose norm's tolerance is ``band`` (``harness.judge.band``): the norm it was computed from, one rounding
+    of the coefficient to the gradient dtype (torch's clip holds it in the norm's dtype), and the elements'
+    own roundings, which the least-squares fit averages (a weighted mean of per-element errors is no larger
+    than the largest), plus the fit's own float64 error."""
+    return band + UNIT_ROUNDOFF[dtype] + element_rounding(dtype) + _fit_error(elements)

@@ -24,6 +24,67 @@ CROSS_CHECK_RTOL = 1e-9
 """How closely the measured and the constructive truth must agree (both are float64 sums)."""
 
 
+Holding = tuple[int, int]
+"""(rank, parameter index) of one gradient a rank holds."""
+
+
+def axis_copies(
+    stats: StatsTable, mesh: MeshSpec, replicated_axes: Mapping[str, frozenset[str]]
+) -> list[list[tuple[Holding, ...]]]:
+    """Per rank and parameter: every holding of the same logical slice (its copies, itself included; empty
+    where the rank holds no gradient). The copies of rank r's slice are the ranks that hold a gradient for
+    the parameter and share r's coordinates on all axes it is *not* replicated on."""
+    coords = [mesh.coordinate(r) for r in range(stats.world_size)]
+    out: list[list[tuple[Holding, ...]]] = [[() for _ in stats.names] for _ in range(stats.world_size)]
+    for j, name in enumerate(stats.names):
+        keep = [a for a, axis in enumerate(mesh.names) if axis not in replicated_axes[name]]
+        for r in range(stats.world_size):
+            if stats.present(r, j):
+                key = tuple(coords[r][a] for a in keep)
+                out[r][j] = tuple((q, j) for q in range(stats.world_size)
+                                  if stats.present(q, j) and tuple(coords[q][a] for a in keep) == key)
+    return out
+
+
+def class_copies(stats: StatsTable, replication: Replication) -> list[list[tuple[Holding, ...]]]:
+    """Per rank and parameter: every holding of the same class of bits (``Replication.classes``: a measured
+    layout's), under any name; a holding without a class key is its own only copy."""
+    classes = replication.classes or {}
+    members: dict[str, list[Holding]] = {}
+    for j, name in enumerate(stats.names):
+        for r, key in enumerate(classes.get(name, [None] * stats.world_size)):
+            if key is not None and stats.present(r, j):
+                members.setdefault(key, []).append((r, j))
+    out: list[list[tuple[Holding, ...]]] = [[() for _ in stats.names] for _ in range(stats.world_size)]
+    for j, name in enumerate(stats.names):
+        keys = classes.get(name, [None] * stats.world_size)
+        for r, key in enumerate(keys):
+            if stats.present(r, j):
+                out[r][j] = tuple(members[key]) if key is not None else ((r, j),)
+    return out
+
+
+def measured_copies(stats: StatsTable, replication: Replication, mesh: MeshSpec) -> list[list[tuple[Holding, ...]]]:
+    """The copies the raw bits showed: by class of bits where the replication has classes (a measured
+    layout's), else per mesh axis."""
+    if replication.classes is not None:
+        return class_copies(stats, replication)
+    return axis_copies(stats, mesh, {name: replication.replicated_axes(name, mesh) for name in stats.names})
+
+
+def parts_of(stats: StatsTable, copies: list[list[tuple[Holding, ...]]], norm_type: float) -> list[float]:
+    """Each rank's share of the global p-th power sum when each holding counts 1/k, k its copies (for the
+    inf norm: its local maximum)."""
+    parts = [0.0] * stats.world_size
+    for r in range(stats.world_size):
+        for j in range(len(stats.names)):
+            if copies[r][j]:
+                value = stats.pow_sum[r][j]
+                parts[r] = combine(parts[r], value if is_inf_norm(norm_type) else value / len(copies[r][j]),
+                                   norm_type)
+    return parts
+
+
 def weighted_parts(
     stats: StatsTable,
     mesh: MeshSpec,
@@ -31,28 +92,9 @@ def weighted_parts(
     norm_type: float,
 ) -> list[float]:
     """Each rank's share of the global p-th power sum when its slice of a parameter counts 1/k, k its
-    replica count (for the inf norm: its local maximum).
-
-    The replica group of rank r for a parameter is every rank that holds a gradient for it and shares
-    r's coordinates on all axes the parameter is *not* replicated on. Used with measured replication
-    it gives the measured truth; with declared placements, what a plan-trusting clip would report.
-    """
-    coords = [mesh.coordinate(r) for r in range(stats.world_size)]
-    parts = [0.0] * stats.world_size
-    for j, name in enumerate(stats.names):
-        keep = [a for a, axis in enumerate(mesh.names) if axis not in replicated_axes[name]]
-        for r in range(stats.world_size):
-            if not stats.present(r, j):
-                continue
-            key = tuple(coords[r][a] for a in keep)
-            count = sum(
-                1
-                for q in range(stats.world_size)
-                if stats.present(q, j) and tuple(coords[q][a] for a in keep) == key
-            )
-            value = stats.pow_sum[r][j]
-            parts[r] = combine(parts[r], value if is_inf_norm(norm_type) else value / count, norm_type)
-    return parts
+    replica count (``axis_copies``; for the inf norm: its local maximum). Used with measured replication
+    it gives the measured truth; with declared placements, what a plan-trusting clip would report."""
+    return parts_of(stats, axis_copies(stats, mesh, replicated_axes), norm_type)
 
 
 def _root_of(parts: list[float], norm_type: float) -> float:
@@ -94,32 +136,10 @@ def replicas_counted_on(
     return weighted_norm(stats, mesh, replicated, norm_type)
 
 
-def class_parts(stats: StatsTable, replication: Replication, norm_type: float) -> list[float]:
-    """Each rank's share of the global p-th power sum when every holding of one class of bits
-    (``Replication.classes``: a measured layout's) counts 1/k, k the holdings of that class under any
-    name; for the inf norm, its local maximum."""
-    classes = replication.classes or {}
-    copies = replication.copies()
-    parts = [0.0] * stats.world_size
-    for j, name in enumerate(stats.names):
-        keys = classes.get(name, [None] * stats.world_size)
-        for r in range(stats.world_size):
-            if not stats.present(r, j):
-                continue
-            key = keys[r]
-            count = copies.get(key, 1) if key is not None else 1
-            value = stats.pow_sum[r][j]
-            parts[r] = combine(parts[r], value if is_inf_norm(norm_type) else value / count, norm_type)
-    return parts
-
-
 def measured_norm(stats: StatsTable, replication: Replication, mesh: MeshSpec, norm_type: float) -> float:
     """The norm the raw bits imply: each logical gradient counted once, its copies found per mesh axis,
     or by class of bits where the replication has classes (a measured layout's)."""
-    if replication.classes is not None:
-        return _root_of(class_parts(stats, replication, norm_type), norm_type)
-    axes = {name: replication.replicated_axes(name, mesh) for name in stats.names}
-    return weighted_norm(stats, mesh, axes, norm_type)
+    return _root_of(parts_of(stats, measured_copies(stats, replication, mesh), norm_type), norm_type)
 
 
 def declared_norm(

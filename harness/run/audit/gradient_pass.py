@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from harness.clipmath import CPU_BLOCK, is_inf_norm, kernel_error, kernel_norm
+from harness.clipmath import CPU_BLOCK, flat_error, is_inf_norm, kernel_error, kernel_norm
 from harness.run.case.measure import linear_digest
 
 SAMPLES = 16
@@ -99,7 +99,10 @@ class GradientPass:
     def __init__(self, norm_type: float, band: bool = False) -> None:
         self.norm_type = norm_type
         self.band = band
-        """Measure each gradient's ``kernel_error`` too (the first pass: the case's band; one more read)."""
+        """Measure each gradient's ``kernel_error`` and the rank's ``flat_error`` too (the first pass: the case's
+        band; one more read, and one flat buffer of at most ``clipmath.FLAT_LIMIT`` elements)."""
+        self.flat_error = 0.0
+        """The rank's ``clipmath.flat_error`` over the gradients in the order they were added (``band``)."""
         self._pending: list[tuple[torch.Tensor, Stats, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def add(self, grad: torch.Tensor, digest: bool = False) -> Stats:
@@ -158,6 +161,9 @@ class GradientPass:
                 stats.zero = stats.zero or flat.numel() == 0
                 if not stats.finite:
                     stats.nonfinite, stats.first_nonfinite = _nonfinite(flat)
+        if self.band:
+            self.flat_error = flat_error([e[0] for e in self._pending], [e[1].pow for e in self._pending],
+                                         self.norm_type)
         self._pending = []
 
 

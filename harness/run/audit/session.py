@@ -119,7 +119,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     axes, declared, spans, notes = job_mesh(params, mesh, world.world_size)
     record = {"params": [[n, dtype_label(local_tensor(p).dtype), bool(p.requires_grad), list(local_tensor(p).shape)]
                          for n, p in params],
-              "grads": {n: s.record() for n, s in before.items()}, "mesh": axes,
+              "grads": {n: s.record() for n, s in before.items()}, "flat": first.flat_error, "mesh": axes,
               "declared": declared, "spans": spans, "notes": notes, "blame": bool(blame and restore)}
     records = world.gather_json("audit-measure", record, world.exchange_deadline_s)
     clock.lap("measure")
@@ -309,6 +309,7 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
         itemsize=[[by[(r, n)].itemsize if (r, n) in by else 0 for n in names] for r in range(world)],
         pow_sum=[[by[(r, n)].pow if (r, n) in by else 0.0 for n in names] for r in range(world)],
         kernel_error=[[by[(r, n)].kernel_error if (r, n) in by else 0.0 for n in names] for r in range(world)],
+        flat_error=[float(rec.get("flat", 0.0)) for rec in records],
     )
     truth = measured_norm(stats, pre, mesh, norm_type)
     case = CaseSpec(0, SCENARIO, variant, label, norm_type, max_norm)

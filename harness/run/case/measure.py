@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from harness.clipmath import combine, kernel_error, kernel_norm, pow_sum, root
+from harness.clipmath import combine, flat_error, kernel_error, kernel_norm, pow_sum, root
 from harness.judge.records import Replication, StatsTable
 from harness.cases.layout import MeshSpec
 
@@ -78,12 +78,16 @@ def gather_stats(
     digests: bool = False,
 ) -> StatsTable:
     """Each rank's [numel, itemsize, pow_sum, digest, kernel error] per parameter (numel -1 where it has no
-    gradient), all-gathered: the table every rank then holds alike. ``digests``: each gradient's
-    ``bits_digest`` rides along, for ``from_digests`` (the replication without a collective). The
-    kernel error (``clipmath.kernel_error``) is what the case's band is measured from."""
-    row = [[-1, 0, 0.0, None, 0.0] if g is None else _row(g, norm_type, digests)
+    gradient) and its flat-buffer error, all-gathered: the table every rank then holds alike. ``digests``:
+    each gradient's ``bits_digest`` rides along, for ``from_digests`` (the replication without a
+    collective). The kernel errors (``clipmath.kernel_error``, ``clipmath.flat_error``) are what the case's
+    band is measured from (``harness.judge.band``)."""
+    row: list[list[Any]] = [[-1, 0, 0.0, None, 0.0] if g is None else _row(g, norm_type, digests)
            for g in (grads.get(name) for name in names)]
-    rows = allgather(row)
+    held = [(g, float(entry[2])) for g, entry in zip((grads.get(name) for name in names), row) if g is not None]
+    flat = flat_error([g for g, _ in held], [power for _, power in held], norm_type)
+    gathered = allgather([row, flat])
+    rows = [r[0] for r in gathered]
     return StatsTable(
         names=list(names),
         numel=[[int(entry[0]) for entry in r] for r in rows],
@@ -91,6 +95,7 @@ def gather_stats(
         pow_sum=[[float(entry[2]) for entry in r] for r in rows],
         digests=[{name: entry[3] for name, entry in zip(names, r)} for r in rows] if digests else None,
         kernel_error=[[float(entry[4]) for entry in r] for r in rows],
+        flat_error=[float(r[1]) for r in gathered],
     )
 
 
