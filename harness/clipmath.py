@@ -70,36 +70,50 @@ def kernel_error(kernel: float, exact_pow: float, norm_type: float) -> float:
 
 
 FLAT_LIMIT = 1 << 24
-"""The most elements of a rank's gradients the flat-buffer measurement concatenates (``flat_error``): a
-bound on its memory (one copy of that many elements) and time, whatever the model's size."""
+"""The most elements of a rank's gradients the flat-buffer measurement concatenates (``flat_error``)."""
+
+FLAT_SHARE = 64
+"""Past ``FLAT_FLOOR`` elements, the flat buffer measured holds at most this fraction (1/64) of the rank's
+gradient elements: its copy and its kernel then cost a few hundredths of a pass over them, which keeps the
+audit within its cost budget (one extra pass; docs/performance.md); ``FLAT_LIMIT`` bounds its memory
+whatever the model's size. The price: a clip that flattens more than that into one CPU kernel is measured
+on a shorter buffer than its own (docs/reading-a-failure.md, "The band")."""
+
+FLAT_FLOOR = 1 << 20
+"""The flat buffer's size below which it is measured whole, whatever share of the rank's gradients it is."""
 
 
 def flat_error(grads: Sequence[torch.Tensor], exact_pows: Sequence[float], norm_type: float) -> float:
     """The relative error (``kernel_error``) of torch's kernel on one flat buffer of a rank's gradients: the
     concatenation of its first gradients (``grads`` in order, whole tensors, those of the first one's dtype
-    and device) up to ``FLAT_LIMIT`` elements, against the exact norm of the same gradients
-    (``exact_pows``, their float64 p-th power sums). Why: a clip that flattens its gradients (one buffer,
-    one ``vector_norm``: DeepSpeed's and apex's buckets) sums far more elements in one kernel than any
+    and device) up to ``flat_size`` elements, against the exact norm of the same gradients (``exact_pows``,
+    their float64 p-th power sums). Why: a clip that flattens its gradients (one buffer, one
+    ``vector_norm``: DeepSpeed's and apex's buckets) sums far more elements in one kernel than any
     per-gradient measurement does, and on a CPU that kernel's error grows with the length. A rank holding
-    more than ``FLAT_LIMIT`` elements is measured on its first bucket of that size (what a bucketed clip
-    sums); 0 where fewer than two gradients fit (the per-gradient measurement is that buffer) and for the
-    inf norm (a maximum is exact)."""
+    more is measured on its first bucket of that size (what a bucketed clip sums); 0 where fewer than two
+    gradients fit (the per-gradient measurement is that buffer) and for the inf norm (a maximum is exact)."""
     if is_inf_norm(norm_type) or not grads:
         return 0.0
     first = local_tensor(grads[0])
+    same = [(local_tensor(g), power) for g, power in zip(grads, exact_pows)
+            if local_tensor(g).dtype == first.dtype and local_tensor(g).device == first.device
+            and first.is_floating_point()]
+    limit = flat_size(sum(x.numel() for x, _ in same))
     bucket: list[torch.Tensor] = []
     exact, size = 0.0, 0
-    for grad, power in zip(grads, exact_pows):
-        x = local_tensor(grad)
-        if x.dtype != first.dtype or x.device != first.device or not x.is_floating_point():
-            continue
-        if size + x.numel() > FLAT_LIMIT and bucket:
+    for x, power in same:
+        if size + x.numel() > limit and bucket:
             break
         bucket.append(x.detach().reshape(-1))
         exact, size = exact + power, size + x.numel()
-    if len(bucket) < 2:
+    if len(bucket) < 2 or size > limit:
         return 0.0
     return kernel_error(float(kernel_norm(torch.cat(bucket), norm_type)), exact, norm_type)
+
+
+def flat_size(elements: int) -> int:
+    """The most elements ``flat_error`` concatenates for a rank holding ``elements`` gradient elements."""
+    return min(FLAT_LIMIT, max(FLAT_FLOOR, elements // FLAT_SHARE))
 
 
 def pow_sum(t: torch.Tensor, norm_type: float) -> float:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import harness
-from harness.clipmath import FLAT_LIMIT, flat_error, kernel_error, kernel_norm, pow_sum
+from harness.clipmath import FLAT_FLOOR, FLAT_LIMIT, FLAT_SHARE, flat_error, flat_size, kernel_error, kernel_norm, pow_sum
 from harness.judge.band import BAND_SAFETY, REPLAY_ROUNDINGS, Band, case_band
 from harness.judge.records import StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol
@@ -53,7 +53,8 @@ def test_one_flat_buffer_is_measured_where_each_gradient_alone_is_exact_enough()
     """A clip that concatenates its gradients runs one kernel over all of them: further off than the kernel
     on any one gradient, and still correct code."""
     torch.manual_seed(0)
-    grads = [torch.randn(1 << 20) for _ in range(8)]
+    # heavy-tailed, as gradients are (a few large elements): one buffer of FLAT_FLOOR elements
+    grads = [torch.randn(1 << 16) * torch.randn(1 << 16).exp() for _ in range(FLAT_FLOOR >> 16)]
     flat = torch.cat(grads)
     exact = math.sqrt(sum(pow_sum(g, 2.0) for g in grads))
     off = abs(float(torch.linalg.vector_norm(flat)) / exact - 1)
@@ -64,7 +65,9 @@ def test_one_flat_buffer_is_measured_where_each_gradient_alone_is_exact_enough()
 
 
 def test_a_flat_buffer_is_bounded_in_size():
-    grads = [torch.ones(FLAT_LIMIT // 2 + 1), torch.ones(FLAT_LIMIT // 2 + 1), torch.ones(8)]
+    assert flat_size(FLAT_FLOOR) == FLAT_FLOOR and flat_size(1 << 30) == FLAT_LIMIT
+    assert flat_size(FLAT_SHARE * FLAT_FLOOR * 4) == FLAT_FLOOR * 4  # a share of a rank's gradients, not all
+    grads = [torch.ones(FLAT_FLOOR // 2 + 1), torch.ones(FLAT_FLOOR // 2 + 1), torch.ones(8)]
     assert flat_error(grads, [pow_sum(g, 2.0) for g in grads], 2.0) == 0.0  # one tensor fits: nothing to add
 
 
