@@ -175,6 +175,16 @@ def _all_reduce(value: torch.Tensor, norm_type: float, group: Any = None) -> tor
     return value
 
 
+def _reduce_and_scale(job: Job, max_norm: float, norm_type: float, part: torch.Tensor) -> float:
+    """The last steps most clips share: this rank's part (its p-th power sum, its max for inf) all-reduced
+    in float64 over every rank, the root taken, every local gradient scaled by the contract's coefficient.
+    Kept in one place so that the clips differ only in how they compute ``part``; returns the norm."""
+    total = _all_reduce(part.double().reshape(1), norm_type)
+    norm = _root(float(total), norm_type)
+    _scale(job.grads(), _coefficient(max_norm, norm))
+    return norm
+
+
 def _exact_partials(job: Job, norm_type: float) -> float:
     """This rank's p-th power sum in float64, each piece weighted 1 / replicas; its max for inf."""
     parts = []
@@ -360,10 +370,7 @@ def _flat(job: Job, max_norm: float, norm_type: float, dtype: Any) -> Clip:
         flat = torch.cat(owned) if owned else torch.zeros(0, dtype=dtype)
         n = torch.linalg.vector_norm(flat, norm_type) if flat.numel() else torch.zeros((), dtype=dtype)
         part = n if math.isinf(norm_type) else n.double().pow(norm_type)
-        total = _all_reduce(part.double().reshape(1), norm_type)
-        norm = _root(float(total), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
+        return _reduce_and_scale(job, max_norm, norm_type, part)
 
     return clip
 
@@ -447,10 +454,7 @@ def partial_owner(job: Job, max_norm: float, norm_type: float) -> Clip:
         owned = [job.local(p).float() for p in job.params if job.owner(p)]
         local = torch.nn.utils.get_total_norm(owned, norm_type) if owned else torch.zeros(())
         part = local.double() if math.isinf(norm_type) else local.double().pow(norm_type)
-        total = _all_reduce(part.reshape(1), norm_type)
-        norm = _root(float(total), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
+        return _reduce_and_scale(job, max_norm, norm_type, part)
 
     return clip
 
@@ -473,10 +477,7 @@ def rows_fp64(job: Job, max_norm: float, norm_type: float) -> Clip:
             else:
                 parts.append(float(per_row.pow(norm_type).sum()) / job.replicas(p))
         part = max(parts) if math.isinf(norm_type) else math.fsum(parts)
-        total = _all_reduce(torch.tensor([part], dtype=torch.float64), norm_type)
-        norm = _root(float(total), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
+        return _reduce_and_scale(job, max_norm, norm_type, torch.tensor(part, dtype=torch.float64))
 
     return clip
 
@@ -495,6 +496,20 @@ def _weighted_total(job: Job, norm_type: float, part_of: Callable[[torch.Tensor]
     else:
         part = math.fsum(x / job.replicas(p) for x, p in zip(parts, job.params))
     return float(_all_reduce(torch.tensor([part], dtype=torch.float64), norm_type))
+
+
+def _weighted_clip(
+    job: Job, max_norm: float, norm_type: float, part_of: Callable[[torch.Tensor], torch.Tensor]
+) -> Clip:
+    """A clip whose only wrong step is ``part_of``: counted as ``_weighted_total`` counts, the coefficient and
+    the scaling the contract's, so what the judge sees off is that one step's arithmetic."""
+
+    def clip() -> float:
+        norm = _root(_weighted_total(job, norm_type, part_of), norm_type)
+        _scale(job.grads(), _coefficient(max_norm, norm))
+        return norm
+
+    return clip
 
 
 def bf16_chunk_accum(job: Job, max_norm: float, norm_type: float) -> Clip:
@@ -516,10 +531,7 @@ def bf16_chunk_accum(job: Job, max_norm: float, norm_type: float) -> Clip:
                 continue
             for s in (chunks.abs().pow(norm_type).sum(dim=1) / job.replicas(p)).bfloat16():
                 acc = acc + s
-        total = _all_reduce(acc.double().reshape(1), norm_type)
-        norm = _root(float(total), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
+        return _reduce_and_scale(job, max_norm, norm_type, acc)
 
     return clip
 
@@ -537,12 +549,7 @@ def bf16_square_sum(job: Job, max_norm: float, norm_type: float) -> Clip:
             return b.abs().max()
         return b.abs().pow(norm_type).sum(dtype=torch.bfloat16)
 
-    def clip() -> float:
-        norm = _root(_weighted_total(job, norm_type, part_of), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
-
-    return clip
+    return _weighted_clip(job, max_norm, norm_type, part_of)
 
 
 def fp16_pow_overflow(job: Job, max_norm: float, norm_type: float) -> Clip:
@@ -558,12 +565,7 @@ def fp16_pow_overflow(job: Job, max_norm: float, norm_type: float) -> Clip:
             return h.max()
         return h.pow(norm_type).sum(dtype=torch.float32)
 
-    def clip() -> float:
-        norm = _root(_weighted_total(job, norm_type, part_of), norm_type)
-        _scale(job.grads(), _coefficient(max_norm, norm))
-        return norm
-
-    return clip
+    return _weighted_clip(job, max_norm, norm_type, part_of)
 
 
 def fp16_coefficient(job: Job, max_norm: float, norm_type: float) -> Clip:

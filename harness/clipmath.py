@@ -79,7 +79,7 @@ audit within its cost budget (one extra pass; docs/performance.md); ``FLAT_LIMIT
 whatever the model's size. The price: a clip that flattens more than that into one CPU kernel is measured
 on a shorter buffer than its own (docs/reading-a-failure.md, "The band")."""
 
-FLAT_FLOOR = 1 << 20
+FLAT_FLOOR = 1 << 22
 """The flat buffer's size below which it is measured whole, whatever share of the rank's gradients it is."""
 
 

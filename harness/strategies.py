@@ -52,7 +52,7 @@ from harness.cases.constructive import variant_truth
 from harness.cases.drawn import DrawnCase
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
-NORM_TYPES = (2.0, 1.0, math.inf, 3.0)
+NORM_TYPES = (2.0, 1.0, math.inf, 3.0, 1.5)
 NONFINITE_NORM_TYPES = (math.inf, 2.0)
 DTYPES = ("fp32", "fp32", "bf16", "fp16", "fp64")
 CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0)

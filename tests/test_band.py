@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import harness
-from harness.clipmath import FLAT_FLOOR, FLAT_LIMIT, FLAT_SHARE, flat_error, flat_size, kernel_error, kernel_norm, pow_sum
+from harness.clipmath import (FLAT_FLOOR, FLAT_LIMIT, FLAT_SHARE, flat_error, flat_size, kernel_error, kernel_norm,
+                              pow_sum)
 from harness.judge.band import BAND_SAFETY, REPLAY_ROUNDINGS, Band, case_band
 from harness.judge.records import StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol

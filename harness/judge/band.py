@@ -99,7 +99,9 @@ def replayed_ways(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ..
     exact = [[stats.pow_sum[r][j] for j in held[r]] for r in range(stats.world_size)]
     if is_inf_norm(norm_type):
         top = max((v for row in exact for v in row), default=0.0)
-        return [] if not math.isfinite(top) or top == 0 else [("the largest |g|, in the dtype", _rounded(top, dtype) / top)]
+        if not math.isfinite(top) or top == 0:
+            return []
+        return [("the largest |g|, in the dtype", _rounded(top, dtype) / top)]
     p = norm_type
     total = sum(v for row in exact for v in row)
     if not math.isfinite(total) or total <= 0:
@@ -110,7 +112,8 @@ def replayed_ways(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ..
     truth = total ** (1 / p)
     d = TORCH_DTYPES[dtype]
     return [
-        ("torch's kernel on each gradient, summed exactly", sum(k ** p for row in kernel for k in row) ** (1 / p) / truth),
+        ("torch's kernel on each gradient, summed exactly",
+         sum(k ** p for row in kernel for k in row) ** (1 / p) / truth),
         (f"each gradient's norm in {dtype}, each rank's stack, p-th powers summed over ranks in {dtype}",
          _partial_norms(kernel, p, d, d) / truth),
         (f"each gradient's norm in {dtype}, each rank's stack and the all-reduce in {_wide(dtype)}",

@@ -371,8 +371,9 @@ def read_norm(j: Judgement) -> tuple[NormKind, str] | None:
     if any(v is None for v in values) or not errors:
         return "counting", detail
     if not all(math.isfinite(cast(float, v)) for v in values):
-        return "arithmetic", (f"{detail}: a non-finite norm where the true one is finite ({truth:.6g}), what arithmetic "
-                              f"past the range of its type gives (squares or the total in {j.dtype}, or narrower?)")
+        return "arithmetic", (f"{detail}: a non-finite norm where the true one is finite ({truth:.6g}), what "
+                              f"arithmetic past the range of its type gives (squares or the total in {j.dtype}, or "
+                              f"narrower?)")
     smallest = smallest_miscount(j)
     if smallest is not None and max(errors) < smallest[1] / 2:
         return "arithmetic", (f"{detail}; {spread}: outside their spread, and by less than any miscount (the "
