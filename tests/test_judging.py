@@ -644,3 +644,17 @@ def test_a_results_file_record_with_null_checks_is_counted_not_a_crash():
     assert count(records).unjudged == 1
     render_html(records)
     compact_summary(records)
+
+
+def test_a_wrong_norm_nothing_explains_says_so_rather_than_nothing():
+    """A norm 14% low with no signature and no blame (a bf16 running sum that stalls reads like that): its
+    reading says no single known mistake gives it, so it is not taken for a count the judge failed to name."""
+    from harness.report.record_fields import UNEXPLAINED, readings
+
+    wrong = {"checks": {"norm": {"passed": False, "detail": "reported/true rank 0: 0.86"}}, "signature": []}
+    assert readings(wrong) == [UNEXPLAINED]
+    assert readings(dict(wrong, signature=["each rank reports its rank-local norm"])) == [
+        "each rank reports its rank-local norm"]
+    assert readings(dict(wrong, blame=[{"line": "a: counted 2 times"}])) == []
+    arithmetic = {"checks": {"arithmetic": {"passed": False, "detail": "..."}}, "signature": []}
+    assert readings(arithmetic) == []

@@ -16,6 +16,7 @@ import shlex
 from typing import Any, Iterable, Mapping
 
 from harness.cases.variant import HONEST_PLAN, bound_label
+from harness.report.record_fields import readings
 from harness.report.safe_text import one_line
 
 DETAIL_CHARS = 300
@@ -71,7 +72,7 @@ def failure_lines(rec: Mapping[str, Any]) -> list[str]:
     """What one failing case says, short: checks, signature, blame, finding, replay."""
     out = [f"{name}: {_cut(str(check.get('detail', '')))}" for name, check in (rec.get("checks") or {}).items()
            if not check.get("passed", True)]
-    out += [f"signature: {_cut(s)}" for s in rec.get("signature") or []]
+    out += [f"signature: {_cut(s)}" for s in readings(dict(rec))]
     blame = [b.get("line", "") for b in rec.get("blame") or []]
     out += [f"blame: {_cut(line)}" for line in blame[:BLAME_LINES]]
     if len(blame) > BLAME_LINES:

@@ -73,6 +73,21 @@ def signatures(rec: dict[str, Any]) -> list[str]:
     return [str(s) for s in as_list(rec.get("signature")) if s not in (None, "")]
 
 
+UNEXPLAINED = ("none: no single mistake this judge knows gives this norm (several groups miscounted, or arithmetic "
+               "that loses more than rounding: an accumulator that stalls in a narrow type?)")
+"""The reading of a wrong norm that no signature and no blame explains: said, so that it is not read as a
+count the judge failed to name (a bf16 running sum that stalls moves the norm as far as a miscount does)."""
+
+
+def readings(rec: dict[str, Any]) -> list[str]:
+    """A record's signature lines, or, for a wrong norm (check ``norm``) that neither a signature nor a blame
+    explains, ``UNEXPLAINED``."""
+    found = signatures(rec)
+    if found or as_list(rec.get("blame")) or "norm" not in dict(failed_checks(rec)):
+        return found
+    return [UNEXPLAINED]
+
+
 def errors(rec: dict[str, Any]) -> list[tuple[int | None, str]]:
     """(rank, message) for every error the record carries; a per-rank list gives ranks."""
     errs = rec.get("errors")

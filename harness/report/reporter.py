@@ -23,6 +23,7 @@ from harness.judge.tolerance import NORM_RTOL
 from harness.report.failures import metamorphic_spread
 from harness.report.finish import finish_run
 from harness.report.numbers import format_ratio
+from harness.report.record_fields import readings
 from harness.report.results_file import ResultsFile
 from harness.report.safe_text import lines, one_line
 from harness.judge.records import CaseRecord, InFlightRecord, MetamorphicRecord, Record
@@ -166,14 +167,14 @@ class Reporter:
             self._print(f"    skipped: {case.skip}" if case.skip not in self._skips_shown else
                         "    skipped: the same reason as above")
             self._skips_shown.add(case.skip)
-        for line in result.signature:
+        record = case_json(result, self.world_size, self.backend, self.targets.get(case.target))
+        for line in readings(dict(record)):
             self._print(f"      signature: {line}")
         summary = blame_summary(result)
         if summary and not self.verbose:
             self._print(f"      blame: {summary}")
         for line in blame_lines(result) if self.verbose else ():
             self._print(f"      blame: {line}")
-        record = case_json(result, self.world_size, self.backend, self.targets.get(case.target))
         for line in finding_lines(record):
             self._print(f"      {line}")
         self._write_json(record)
