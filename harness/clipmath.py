@@ -167,6 +167,17 @@ def collective_scalar(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64, device=collective_device())
 
 
+def subnormal_spacing(dtype: torch.dtype) -> float:
+    """The distance between two neighbouring subnormal numbers of ``dtype`` (0 for a non-floating one): below
+    the smallest normal number a rounding's error is at most half of it, an absolute amount, not a relative
+    one. A correctly clipped element rounds at most twice (a product, a quotient), so it may land one
+    spacing from ``c * before`` however small it is: the uniformity residual allows that much."""
+    if not dtype.is_floating_point:
+        return 0.0
+    info = torch.finfo(dtype)
+    return float(info.smallest_normal * info.eps)
+
+
 def clip_coefficient(max_norm: float, total_norm: float) -> float:
     """min(1, max_norm / (total + eps)), as torch computes it; NaN when the norm is not finite."""
     if not math.isfinite(total_norm):

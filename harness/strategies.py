@@ -55,7 +55,7 @@ KINDS = ("dense", "experts", "shared_lora", "expert_module")
 NORM_TYPES = (2.0, 1.0, math.inf, 3.0, 1.5)
 NONFINITE_NORM_TYPES = (math.inf, 2.0)
 DTYPES = ("fp32", "fp32", "bf16", "fp16", "fp64")
-CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0)
+CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0, 0.3)
 SCALES = (1.0, 1.0, 64.0, 2.0**-14)
 """Gradient magnitudes: as drawn, a loss-scaled fp16 run's (norms inside fp16, squares beyond it), and
 fp16's smallest normal numbers (squares that underflow); shrinks towards 1."""

@@ -98,6 +98,15 @@ def test_a_clip_that_miscounts_one_named_group_is_found(world4, group):
     assert not report.passed, f"{group}: {report.examples} examples passed"
 
 
+@pytest.mark.parametrize("target", ["coefficient_in_bf16", "int_norm_type"])
+def test_the_default_draws_reach_a_coefficient_rounded_to_bf16_and_a_non_integer_norm(world4, target):
+    """Two clips the power-of-two bounds and the integer norm types let through: a coefficient held in bf16 is
+    exact at 0.5 x the norm and 0.26% off at 0.3 x; int(p) is p for every integer p. The drawn bounds include 0.3
+    and the drawn norm types 1.5."""
+    report = fuzz(f"tests/broken_targets.py:{target}", world4, FUZZ_BUDGET, seed=0, shrink=False, blame=False)
+    assert not report.passed, f"{target}: {report.examples} examples passed"
+
+
 def _lies(variant):
     return any(p != variant.layout.param(name).placement(axis)
                for name, axes in variant.declared.items() for axis, p in axes.items())
@@ -174,7 +183,7 @@ def test_a_failure_is_shrunk_and_its_replay_reproduces_it(world4, tmp_path):
 
 
 def test_fuzz_command_line(tmp_path):
-    found = run_cli(["fuzz", "--target", "mutant-inf-norm-summed", "--examples", "80", "--world", "2",
+    found = run_cli(["fuzz", "--target", "mutant-inf-norm-summed", "--examples", str(FUZZ_BUDGET), "--world", "2",
                      "--seed", "3", "--no-shrink"])
     assert found.returncode == 1 and "FAIL (first failure at example" in found.stdout
     assert "replay: " in found.stdout

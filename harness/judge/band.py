@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from harness.cases.injection import DTYPES
 from harness.clipmath import KERNEL_ERROR_CAP, is_inf_norm
 from harness.judge.records import StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol
@@ -36,9 +37,6 @@ REPLAY_ROUNDINGS = 8
 total, the p-th power, the additions over ranks, the root). A way further from the truth than that many
 roundings plus ``KERNEL_ERROR_CAP`` underflowed or overflowed the dtype: it is what an arithmetic mistake
 does, not a correct clip, and must not widen the band."""
-
-TORCH_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 @dataclass(frozen=True)
 class Band:
@@ -110,14 +108,14 @@ def replayed_ways(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ..
     kernel = [[v ** (1 / p) * (1 + errors[r][j]) for v, j in zip(exact[r], held[r])] for r in range(stats.world_size)]
     flat = stats.flat_error or [0.0] * stats.world_size
     truth = total ** (1 / p)
-    d = TORCH_DTYPES[dtype]
+    d = DTYPES[dtype]
     return [
         ("torch's kernel on each gradient, summed exactly",
          sum(k ** p for row in kernel for k in row) ** (1 / p) / truth),
         (f"each gradient's norm in {dtype}, each rank's stack, p-th powers summed over ranks in {dtype}",
          _partial_norms(kernel, p, d, d) / truth),
         (f"each gradient's norm in {dtype}, each rank's stack and the all-reduce in {_wide(dtype)}",
-         _partial_norms(kernel, p, d, TORCH_DTYPES[_wide(dtype)]) / truth),
+         _partial_norms(kernel, p, d, DTYPES[_wide(dtype)]) / truth),
         ("one flat buffer per rank", _rounded(sum(sum(row) * (1 + f) ** p for row, f in zip(exact, flat)) ** (1 / p),
                                               dtype) / truth),
     ]
@@ -144,4 +142,4 @@ def _wide(dtype: str) -> str:
 
 def _rounded(value: float, dtype: str) -> float:
     """``value`` rounded once to ``dtype``."""
-    return float(torch.tensor(value, dtype=torch.float64).to(TORCH_DTYPES[dtype]))
+    return float(torch.tensor(value, dtype=torch.float64).to(DTYPES[dtype]))

@@ -12,6 +12,8 @@ from typing import Iterator, Mapping
 
 import torch
 
+from harness.clipmath import subnormal_spacing
+
 BLOCK = 1 << 20
 """Elements converted to float64 at once (8 MiB of scratch per operand)."""
 
@@ -20,8 +22,9 @@ Grads = Mapping[str, "torch.Tensor | None"]
 
 def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]], list[str]]:
     """``({name: [c, residual, elements]}, vanished)``, the ``scale`` and ``vanished`` of
-    ``applied_coefficients``: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| / (max |a| * |c|); no factor for a gradient
-    with a non-finite value before or after, or an all-zero one. Two passes over each gradient's blocks,
+    ``applied_coefficients``: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| (less one subnormal
+    spacing: ``clipmath.subnormal_spacing``) / (max |a| * |c|); no factor for a gradient with a non-finite
+    value before or after, or an all-zero one. Two passes over each gradient's blocks,
     the numbers kept on the device and brought to the host once per pass (and, for a gradient whose sums
     are not finite, its finiteness)."""
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
@@ -55,7 +58,7 @@ def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]
             worst = torch.maximum(worst, _max_abs(y.sub_(x, alpha=c)))
         residuals.append((name, worst, top * max(abs(c), 1e-300), a.numel()))
     worst_host = _host([r[1] for r in residuals])
-    scale = {name: [factors[name], float(w) / scaled_top, numel]
+    scale = {name: [factors[name], max(0.0, float(w) - subnormal_spacing(_flat(pre[name]).dtype)) / scaled_top, numel]
              for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
     return scale, vanished
 

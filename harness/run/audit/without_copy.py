@@ -12,7 +12,8 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
-from harness.clipmath import local_tensor
+from harness.cases.injection import DTYPES
+from harness.clipmath import local_tensor, subnormal_spacing
 from harness.run.case.effects import POLICIES, canonical_nans
 from harness.run.audit.gradient_pass import Stats, sample_positions
 from harness.run.case.measure import linear_digest
@@ -76,8 +77,9 @@ class ParamMarks:
 def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
     """(coefficient, residual) from two passes, as ``effects.applied_coefficients`` measures them from
     copies: the coefficient from the sampled elements (least squares, float64), checked against the
-    ratio of the sums of squares; the residual the largest relative deviation of a sampled element, of
-    a row's norm ratio (minus the row norms' own rounding) and of the two estimates. None where no
+    ratio of the sums of squares; the residual the largest relative deviation of a sampled element (less one
+    subnormal spacing, ``clipmath.subnormal_spacing``), of a row's norm ratio (minus the row norms' own
+    rounding) and of the two estimates. None where no
     factor applies (a zero gradient, or a non-finite value before or after)."""
     if not (before.finite and after.finite) or before.sq == 0.0 or before.rows is None or after.rows is None:
         return None
@@ -89,7 +91,8 @@ def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
     if c == 0.0:
         return (0.0, 0.0) if magnitude == 0.0 else (0.0, math.inf)
     top = max(abs(c * x) for x in a) if a else 0.0
-    sampled = max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) / top if top > 0 else 0.0
+    spacing = subnormal_spacing(DTYPES[before.dtype]) if before.dtype in DTYPES else 0.0
+    sampled = max(0.0, max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) - spacing) / top if top > 0 else 0.0
     agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
     rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
     held = rows_before > 0

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
+from harness.clipmath import subnormal_spacing
 from harness.judge.records import Coefficients, RankLocal
 from harness.run.case.model_state import ModelState
 from harness.run.case.measure import bit_words
@@ -117,11 +118,14 @@ def consistent_policies(pre: Grads, post: Grads) -> list[str] | None:
 def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     """Per parameter: the factor the gradient was scaled by (least squares) and how far from uniform.
 
-    Returns ``{"scale": {name: [c, residual, elements]}, "vanished": [...], "became_nonfinite": [...]}``;
+    Returns ``{"scale": {name: [c, residual, elements(, slack)]}, "vanished": [...], "became_nonfinite": [...]}``
+    (``slack``: where no element is a normal number before and after the call, how far the fitted factor may
+    be off through subnormal roundings alone, relative: ``clipmath.subnormal_spacing``);
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
-    when the average factor looks right. ``post`` must already be sanitized (same shapes as ``pre``).
-    Parameters with a non-finite value before or after, or an all-zero gradient, get no factor; those
-    finite before the call and non-finite after it are named in ``became_nonfinite`` (the clip itself
+    when the average factor looks right (less one subnormal spacing of the gradient's dtype: a subnormal
+    element's rounding is absolute, ``clipmath.subnormal_spacing``). ``post`` must already be sanitized
+    (same shapes as ``pre``). Parameters with a non-finite value before or after, or an all-zero gradient,
+    get no factor; those finite before the call and non-finite after it are named in ``became_nonfinite`` (the clip itself
     overflowed or poisoned them: wrong whenever the true norm is finite, ``checks.judge_contract``).
 
     Why one flat vector: the two sums every factor needs run over all parameters at once, segment
@@ -133,6 +137,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
         return {"scale": {}, "vanished": vanished, "became_nonfinite": []}
+    pre_dtypes = {n: _dtype(pre[n]) for n in names}
     flat_pre = [_flat64(pre[n]) for n in names]
     flat_post = [_flat64(post[n]) for n in names]
     lengths = [t.numel() for t in flat_pre]
@@ -142,9 +147,20 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
         return torch.segment_reduce(values, "sum", lengths=torch.tensor(lengths), unsafe=True).tolist()
 
     denoms, dots = total(a * a), total(a * b)
+    # the fit on the elements that are normal numbers before and after: a subnormal's rounding is absolute, and
+    # on gradients of subnormal magnitude it would pull the fitted factor off by more than any relative bound
+    smallest = torch.repeat_interleave(torch.tensor([_smallest_normal(pre_dtypes[n]) for n in names],
+                                                    dtype=torch.float64), torch.tensor(lengths))
+    normal = (a.abs() >= smallest) & (b.abs() >= smallest)
+    a_n = torch.where(normal, a, 0.0)
+    normal_denoms, normal_dots = total(a_n * a_n), total(a_n * b)
     scale: dict[str, list[float]] = {}
     became_nonfinite: list[str] = []
-    for name, a_j, b_j, denom, dot in zip(names, flat_pre, flat_post, denoms, dots):
+    for name, a_j, b_j, denom, dot, n_denom, n_dot in zip(names, flat_pre, flat_post, denoms, dots, normal_denoms,
+                                                         normal_dots):
+        subnormal = not (n_denom > 0.0 and math.isfinite(n_denom) and math.isfinite(n_dot))
+        if not subnormal:
+            denom, dot = n_denom, n_dot
         # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf
         # is NaN); finite sums prove finite values, and only non-finite sums (rare) are checked one by one
         sums_finite = math.isfinite(denom) and math.isfinite(dot)
@@ -158,8 +174,21 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
             continue
         c = dot / denom
         top = float(a_j.abs().max()) * max(abs(c), 1e-300)
-        scale[name] = [c, float((b_j - c * a_j).abs().max()) / top, a_j.numel()]
+        spacing = subnormal_spacing(pre_dtypes[name])
+        off = max(0.0, float((b_j - c * a_j).abs().max()) - spacing)
+        scale[name] = [c, off / top, a_j.numel()]
+        if subnormal and c != 0.0:  # no element normal before and after: the fit is only good to the spacing
+            scale[name].append(spacing * float(a_j.abs().sum()) / (abs(c) * denom))
     return {"scale": scale, "vanished": vanished, "became_nonfinite": became_nonfinite}
+
+
+def _smallest_normal(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).smallest_normal) if dtype.is_floating_point else 0.0
+
+
+def _dtype(t: torch.Tensor | None) -> torch.dtype:
+    assert t is not None  # the callers pass only present gradients
+    return t.dtype
 
 
 def _flat64(t: torch.Tensor | None) -> torch.Tensor:
