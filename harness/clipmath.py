@@ -94,10 +94,11 @@ def flat_error(grads: Sequence[torch.Tensor], exact_pows: Sequence[float], norm_
     gradients fit (the per-gradient measurement is that buffer) and for the inf norm (a maximum is exact)."""
     if is_inf_norm(norm_type) or not grads:
         return 0.0
-    first = local_tensor(grads[0])
-    same = [(local_tensor(g), power) for g, power in zip(grads, exact_pows)
-            if local_tensor(g).dtype == first.dtype and local_tensor(g).device == first.device
-            and first.is_floating_point()]
+    local = [local_tensor(g) for g in grads]
+    first = local[0]
+    if not first.is_floating_point():
+        return 0.0
+    same = [(x, power) for x, power in zip(local, exact_pows) if x.dtype == first.dtype and x.device == first.device]
     limit = flat_size(sum(x.numel() for x, _ in same))
     bucket: list[torch.Tensor] = []
     exact, size = 0.0, 0
@@ -167,15 +168,18 @@ def collective_scalar(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64, device=collective_device())
 
 
+def smallest_normal(dtype: torch.dtype) -> float:
+    """The smallest positive normal number of ``dtype`` (0 for a non-floating one): below it, roundings are
+    absolute (``subnormal_spacing``)."""
+    return float(torch.finfo(dtype).smallest_normal) if dtype.is_floating_point else 0.0
+
+
 def subnormal_spacing(dtype: torch.dtype) -> float:
     """The distance between two neighbouring subnormal numbers of ``dtype`` (0 for a non-floating one): below
     the smallest normal number a rounding's error is at most half of it, an absolute amount, not a relative
     one. A correctly clipped element rounds at most twice (a product, a quotient), so it may land one
     spacing from ``c * before`` however small it is: the uniformity residual allows that much."""
-    if not dtype.is_floating_point:
-        return 0.0
-    info = torch.finfo(dtype)
-    return float(info.smallest_normal * info.eps)
+    return smallest_normal(dtype) * float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
 
 
 def clip_coefficient(max_norm: float, total_norm: float) -> float:

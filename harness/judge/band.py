@@ -25,7 +25,7 @@ from harness.cases.injection import DTYPES
 from harness.clipmath import KERNEL_ERROR_CAP, is_inf_norm
 from harness.judge.records import StatsTable
 from harness.judge.tolerance import UNIT_ROUNDOFF, norm_rtol
-from harness.judge.truth import Holding
+from harness.judge.truth import Copies, first_holdings
 
 BAND_SAFETY = 2.0
 """How far past the replayed ways a correct clip may land: another correct clip sums in another order, on
@@ -37,6 +37,7 @@ REPLAY_ROUNDINGS = 8
 total, the p-th power, the additions over ranks, the root). A way further from the truth than that many
 roundings plus ``KERNEL_ERROR_CAP`` underflowed or overflowed the dtype: it is what an arithmetic mistake
 does, not a correct clip, and must not widen the band."""
+
 
 @dataclass(frozen=True)
 class Band:
@@ -77,8 +78,7 @@ class Band:
                 f"{'within' if inside else 'outside'} their spread")
 
 
-def case_band(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ...]]], norm_type: float,
-              dtype: str) -> Band:
+def case_band(stats: StatsTable, copies: Copies, norm_type: float, dtype: str) -> Band:
     """The band of a case whose holdings have ``copies`` (``truth.measured_copies``)."""
     elements = sum(n for per_rank in stats.numel for n in per_rank if n > 0)
     floor = norm_rtol(dtype, elements)
@@ -88,12 +88,10 @@ def case_band(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ...]]]
     return Band(dtype, floor, ways)
 
 
-def replayed_ways(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ...]]], norm_type: float,
-                  dtype: str) -> list[tuple[str, float]]:
+def replayed_ways(stats: StatsTable, copies: Copies, norm_type: float, dtype: str) -> list[tuple[str, float]]:
     """Each correct way's reported / true on this case's gradients, every logical gradient counted once (on
-    its first holding); none where the truth is zero or not finite."""
-    held = [[j for j in range(len(stats.names)) if copies[r][j] and min(copies[r][j]) == (r, j)]
-            for r in range(stats.world_size)]
+    its first holding: ``truth.first_holdings``); none where the truth is zero or not finite."""
+    held = first_holdings(copies)
     exact = [[stats.pow_sum[r][j] for j in held[r]] for r in range(stats.world_size)]
     if is_inf_norm(norm_type):
         top = max((v for row in exact for v in row), default=0.0)
@@ -105,7 +103,8 @@ def replayed_ways(stats: StatsTable, copies: Sequence[Sequence[tuple[Holding, ..
     if not math.isfinite(total) or total <= 0:
         return []
     errors = stats.kernel_error or [[0.0] * len(stats.names) for _ in range(stats.world_size)]
-    kernel = [[v ** (1 / p) * (1 + errors[r][j]) for v, j in zip(exact[r], held[r])] for r in range(stats.world_size)]
+    kernel = [[v ** (1 / p) * (1 + errors[r][j]) for v, j in zip(exact[r], held[r])]
+              for r in range(stats.world_size)]
     flat = stats.flat_error or [0.0] * stats.world_size
     truth = total ** (1 / p)
     d = DTYPES[dtype]

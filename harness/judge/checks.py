@@ -32,8 +32,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence, cast
 from harness.cases.variant import CaseSpec
 from harness.clipmath import clip_coefficient
 from harness.cases.layout import MeshSpec, Replicate, Shard
-from harness.judge.truth import (CROSS_CHECK_RTOL, declared_norm, measured_copies, norms_agree, replicas_counted_on,
-                                unreduced_over)
+from harness.judge.truth import (CROSS_CHECK_RTOL, Copies, declared_norm, first_holdings, measured_copies,
+                                norms_agree, replicas_counted_on, unreduced_over)
 from harness.judge.records import (CaseResult, Check, Evidence, RankLocalKey, RankRecord, Replication, StatsTable,
                                    Verdict)
 from harness.judge.signatures import explain, holds_on
@@ -160,8 +160,13 @@ class Judgement:
     def band(self) -> Band:
         """The case's band (``harness.judge.band``): how far correct clips land on its gradients, replayed from
         what torch's own kernels were measured to do on them; its ``rtol`` is the norm's tolerance."""
-        return case_band(self.stats, measured_copies(self.stats, self.pre, self.mesh), self.case.norm_type,
-                         self.dtype)
+        return case_band(self.stats, self.copies, self.case.norm_type, self.dtype)
+
+    @functools.cached_property
+    def copies(self) -> Copies:
+        """The copies the raw bits showed (``truth.measured_copies``), found once for the band and the
+        smallest miscount."""
+        return measured_copies(self.stats, self.pre, self.mesh)
 
     @functools.cached_property
     def norm_reading(self) -> tuple[NormKind, str] | None:
@@ -400,9 +405,8 @@ def smallest_miscount(j: Judgement) -> tuple[str, float] | None:
     p = j.case.norm_type
     if not j.truth:
         return None
-    copies = measured_copies(j.stats, j.pre, j.mesh)
-    counted = [(f"{j.stats.names[k]} (rank {r})", j.stats.pow_sum[r][k]) for r, row in enumerate(copies)
-               for k, held in enumerate(row) if held and min(held) == (r, k) and j.stats.pow_sum[r][k] > 0]
+    counted = [(f"{j.stats.names[k]} (rank {r})", j.stats.pow_sum[r][k])
+               for r, row in enumerate(first_holdings(j.copies)) for k in row if j.stats.pow_sum[r][k] > 0]
     if math.isinf(p):
         below = [(name, value) for name, value in counted if value < j.truth]
         top = [name for name, value in counted if value >= j.truth]

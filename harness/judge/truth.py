@@ -24,18 +24,22 @@ CROSS_CHECK_RTOL = 1e-9
 """How closely the measured and the constructive truth must agree (both are float64 sums)."""
 
 
-Holding = tuple[int, int]
+RankParam = tuple[int, int]
 """(rank, parameter index) of one gradient a rank holds."""
+
+Copies = list[list[tuple[RankParam, ...]]]
+"""Per rank and parameter: every holding of the same logical gradient (itself included; empty where the rank
+holds no gradient for the parameter)."""
 
 
 def axis_copies(
     stats: StatsTable, mesh: MeshSpec, replicated_axes: Mapping[str, frozenset[str]]
-) -> list[list[tuple[Holding, ...]]]:
+) -> Copies:
     """Per rank and parameter: every holding of the same logical slice (its copies, itself included; empty
     where the rank holds no gradient). The copies of rank r's slice are the ranks that hold a gradient for
     the parameter and share r's coordinates on all axes it is *not* replicated on."""
     coords = [mesh.coordinate(r) for r in range(stats.world_size)]
-    out: list[list[tuple[Holding, ...]]] = [[() for _ in stats.names] for _ in range(stats.world_size)]
+    out: Copies = [[() for _ in stats.names] for _ in range(stats.world_size)]
     for j, name in enumerate(stats.names):
         keep = [a for a, axis in enumerate(mesh.names) if axis not in replicated_axes[name]]
         for r in range(stats.world_size):
@@ -46,16 +50,16 @@ def axis_copies(
     return out
 
 
-def class_copies(stats: StatsTable, replication: Replication) -> list[list[tuple[Holding, ...]]]:
+def class_copies(stats: StatsTable, replication: Replication) -> Copies:
     """Per rank and parameter: every holding of the same class of bits (``Replication.classes``: a measured
     layout's), under any name; a holding without a class key is its own only copy."""
     classes = replication.classes or {}
-    members: dict[str, list[Holding]] = {}
+    members: dict[str, list[RankParam]] = {}
     for j, name in enumerate(stats.names):
         for r, key in enumerate(classes.get(name, [None] * stats.world_size)):
             if key is not None and stats.present(r, j):
                 members.setdefault(key, []).append((r, j))
-    out: list[list[tuple[Holding, ...]]] = [[() for _ in stats.names] for _ in range(stats.world_size)]
+    out: Copies = [[() for _ in stats.names] for _ in range(stats.world_size)]
     for j, name in enumerate(stats.names):
         keys = classes.get(name, [None] * stats.world_size)
         for r, key in enumerate(keys):
@@ -64,7 +68,7 @@ def class_copies(stats: StatsTable, replication: Replication) -> list[list[tuple
     return out
 
 
-def measured_copies(stats: StatsTable, replication: Replication, mesh: MeshSpec) -> list[list[tuple[Holding, ...]]]:
+def measured_copies(stats: StatsTable, replication: Replication, mesh: MeshSpec) -> Copies:
     """The copies the raw bits showed: by class of bits where the replication has classes (a measured
     layout's), else per mesh axis."""
     if replication.classes is not None:
@@ -72,7 +76,13 @@ def measured_copies(stats: StatsTable, replication: Replication, mesh: MeshSpec)
     return axis_copies(stats, mesh, {name: replication.replicated_axes(name, mesh) for name in stats.names})
 
 
-def parts_of(stats: StatsTable, copies: list[list[tuple[Holding, ...]]], norm_type: float) -> list[float]:
+def first_holdings(copies: Copies) -> list[list[int]]:
+    """Per rank, the parameters whose gradient it holds as the first of its copies: each logical gradient
+    once, where a clip that counts it once would."""
+    return [[j for j, held in enumerate(row) if held and min(held) == (r, j)] for r, row in enumerate(copies)]
+
+
+def parts_of(stats: StatsTable, copies: Copies, norm_type: float) -> list[float]:
     """Each rank's share of the global p-th power sum when each holding counts 1/k, k its copies (for the
     inf norm: its local maximum)."""
     parts = [0.0] * stats.world_size

@@ -58,7 +58,8 @@ def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]
             worst = torch.maximum(worst, _max_abs(y.sub_(x, alpha=c)))
         residuals.append((name, worst, top * max(abs(c), 1e-300), a.numel()))
     worst_host = _host([r[1] for r in residuals])
-    scale = {name: [factors[name], max(0.0, float(w) - subnormal_spacing(_flat(pre[name]).dtype)) / scaled_top, numel]
+    scale = {name: [factors[name], max(0.0, float(w) - subnormal_spacing(_flat(pre[name]).dtype)) / scaled_top,
+                    numel]
              for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
     return scale, vanished
 

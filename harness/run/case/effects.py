@@ -22,7 +22,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from harness.clipmath import subnormal_spacing
+from harness.clipmath import smallest_normal, subnormal_spacing
 from harness.judge.records import Coefficients, RankLocal
 from harness.run.case.model_state import ModelState
 from harness.run.case.measure import bit_words
@@ -125,8 +125,8 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     when the average factor looks right (less one subnormal spacing of the gradient's dtype: a subnormal
     element's rounding is absolute, ``clipmath.subnormal_spacing``). ``post`` must already be sanitized
     (same shapes as ``pre``). Parameters with a non-finite value before or after, or an all-zero gradient,
-    get no factor; those finite before the call and non-finite after it are named in ``became_nonfinite`` (the clip itself
-    overflowed or poisoned them: wrong whenever the true norm is finite, ``checks.judge_contract``).
+    get no factor; those finite before the call and non-finite after it are named in ``became_nonfinite``
+    (the clip itself overflowed or poisoned them: wrong whenever the true norm is finite, ``checks.judge_contract``).
 
     Why one flat vector: the two sums every factor needs run over all parameters at once, segment
     by segment (per-parameter ops on small gradients cost more in dispatch than in arithmetic); a
@@ -149,7 +149,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     denoms, dots = total(a * a), total(a * b)
     # the fit on the elements that are normal numbers before and after: a subnormal's rounding is absolute, and
     # on gradients of subnormal magnitude it would pull the fitted factor off by more than any relative bound
-    smallest = torch.repeat_interleave(torch.tensor([_smallest_normal(pre_dtypes[n]) for n in names],
+    smallest = torch.repeat_interleave(torch.tensor([smallest_normal(pre_dtypes[n]) for n in names],
                                                     dtype=torch.float64), torch.tensor(lengths))
     normal = (a.abs() >= smallest) & (b.abs() >= smallest)
     a_n = torch.where(normal, a, 0.0)
@@ -180,10 +180,6 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
         if subnormal and c != 0.0:  # no element normal before and after: the fit is only good to the spacing
             scale[name].append(spacing * float(a_j.abs().sum()) / (abs(c) * denom))
     return {"scale": scale, "vanished": vanished, "became_nonfinite": became_nonfinite}
-
-
-def _smallest_normal(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).smallest_normal) if dtype.is_floating_point else 0.0
 
 
 def _dtype(t: torch.Tensor | None) -> torch.dtype:
