@@ -44,9 +44,12 @@ def forks_a_sleeper(model, *, max_norm, norm_type=2.0):
     return reference(model, max_norm=max_norm, norm_type=norm_type)
 
 
+SLEEPER_SECONDS = "400.25"  # an argument no other process on the machine passes: the test looks for exactly it
+
+
 def spawns_a_sleeper(model, *, max_norm, norm_type=2.0):
-    """contract: starts `sleep 400` through subprocess and returns without waiting for it."""
-    subprocess.Popen(["sleep", "400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """contract: starts a 400 s `sleep` through subprocess and returns without waiting for it."""
+    subprocess.Popen(["sleep", SLEEPER_SECONDS], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return reference(model, max_norm=max_norm, norm_type=norm_type)
 
 

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import harness
+from fault_targets import SLEEPER_SECONDS
 from harness.judge.verdicts import EXIT_BROKEN
 from harness_runs import ROOT, alive, descendants, failed, harness_env, run_clipcheck, run_harness, start_harness, \
     torchrun_harness, wait_until
@@ -74,13 +75,15 @@ def test_a_clips_child_processes_fail_its_case_and_are_gone_in_bounded_time(tmp_
 
 
 def _sleepers() -> list[str]:
-    """`sleep 400` processes (what spawns_a_sleeper starts), anywhere on this machine."""
+    """The sleepers spawns_a_sleeper starts, anywhere on this machine: found by their argument, which no other
+    process passes (a shell waiting in a plain `sleep 400` is not one of them)."""
     from pathlib import Path
 
+    wanted = b"sleep\x00" + SLEEPER_SECONDS.encode() + b"\x00"
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == b"sleep\x00400\x00":
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == wanted:
                 found.append(entry.name)
         except OSError:
             continue
