@@ -118,3 +118,44 @@ def test_a_gradient_of_subnormal_numbers_is_judged_to_what_its_roundings_allow()
     assert abs(applied_coefficients({"g": pre}, {"g": wrong})["scale"]["g"][0] - 0.3) / 0.3 > 0.1
     normal = torch.randn(24).half()  # normal numbers: no slack
     assert len(applied_coefficients({"g": normal}, {"g": (normal.float() * 0.3).half()})["scale"]["g"]) == 3
+
+
+def _every_reading(pre: torch.Tensor, post: torch.Tensor) -> dict[str, list[float]]:
+    """One gradient's ``[c, residual, elements(, slack)]`` as each reading of a call measures it: the runner's
+    float64 copies, the audit's blocks of a copy, the audit's two passes without one."""
+    from harness.run.audit import with_copy
+    from harness.run.audit.gradient_pass import GradientPass
+    from harness.run.audit.without_copy import cheap_scale
+
+    passes = []
+    for grad in (pre, post):
+        one = GradientPass(2.0)
+        stats = one.add(grad)
+        one.finish()
+        passes.append(stats)
+    cheap = cheap_scale(*passes)
+    assert cheap is not None
+    return {"runner": applied_coefficients({"g": pre}, {"g": post})["scale"]["g"],
+            "audit, with a copy": with_copy.blocked_coefficients({"g": pre}, {"g": post})[0]["g"],
+            "audit, without a copy": cheap}
+
+
+def test_every_reading_fits_a_gradient_near_its_smallest_normal_number_alike():
+    """All subnormal after the clip, half of them, or none: each of the three readings (``factor_fit``, shared)
+    finds the factor within the coefficient check's tolerance plus its own slack and the scaling uniform, a slack
+    only where no element it fits on is a normal number, and a factor off by a sixth is off in every reading."""
+    from harness.judge.tolerance import coefficient_rtol, norm_rtol, uniformity_bound
+
+    torch.manual_seed(1)
+    n = 4096
+    ctol = coefficient_rtol("fp16", n, norm_rtol("fp16", n))
+    for scale in (2.0**-16, 2.0**-13, 1.0):
+        pre = (torch.randn(n) * scale).half()
+        for name, (c, residual, elements, *slack) in _every_reading(pre, (pre.float() * 0.3).half()).items():
+            assert abs(c - 0.3) / 0.3 <= ctol + sum(slack), (scale, name, c, slack)
+            assert residual <= uniformity_bound("fp16", n), (scale, name, residual)
+            assert elements == n
+            if scale != 2.0**-13 or name != "audit, without a copy":  # its few samples may all be subnormal there
+                assert bool(slack) == (scale == 2.0**-16), (scale, name, slack)  # no normal element: a slack
+        for name, (c, residual, _, *slack) in _every_reading(pre, (pre.float() * 0.25).half()).items():
+            assert abs(c - 0.3) / 0.3 > ctol + sum(slack), (scale, name, c, slack)

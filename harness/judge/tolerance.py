@@ -21,7 +21,8 @@ bounds the relative error of one rounding; a correct clip rounds a bounded numbe
   there (a fixed ``8 u`` failed the reference itself at fp64). Below the dtype's smallest normal number a
   rounding is absolute, not relative: the residual is taken less one subnormal spacing, the factor is fitted
   on the elements that are normal numbers, and a gradient with none carries the fit's own slack
-  (``effects.applied_coefficients``; the fuzzer's fp16 gradients at 2^-14 clipped at 0.3 x the norm).
+  (``run.case.factor_fit``, the one fit of the runner's reading and both of the audit's; the fuzzer's fp16
+  gradients at 2^-14 clipped at 0.3 x the norm).
 * **The coefficient's value** (``coefficient_rtol``): the coefficient a correct clip applies is
   ``max_norm / (its reported norm + eps)``, so it is off by its norm's error (the band), plus one rounding
   of the coefficient itself to the gradient dtype, plus the elements' roundings averaged by the fit.

@@ -55,8 +55,8 @@ class AuditReading:
         if self.copies is not None:
             scale, vanished = blocked_coefficients(self.copies, post)
         else:
-            scale = {n: [*pair, self.before[n].numel] for n in self.before if n in self.after
-                     if (pair := cheap_scale(self.before[n], self.after[n])) is not None}
+            scale = {n: entry for n in self.before if n in self.after
+                     if (entry := cheap_scale(self.before[n], self.after[n])) is not None}
             vanished = [n for n in self.before if post.get(n) is None]
         return {"scale": scale, "vanished": vanished,
                 "became_nonfinite": [n for n, s in self.after.items()

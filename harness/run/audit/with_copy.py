@@ -12,7 +12,8 @@ from typing import Iterator, Mapping
 
 import torch
 
-from harness.clipmath import subnormal_spacing
+from harness.clipmath import smallest_normal
+from harness.run.case.factor_fit import Factor, FitSums, best_fit, fit, normal_elements, relative_residual
 
 BLOCK = 1 << 20
 """Elements converted to float64 at once (8 MiB of scratch per operand)."""
@@ -21,12 +22,12 @@ Grads = Mapping[str, "torch.Tensor | None"]
 
 
 def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]], list[str]]:
-    """``({name: [c, residual, elements]}, vanished)``, the ``scale`` and ``vanished`` of
-    ``applied_coefficients``: ``c`` = sum(a*b) / sum(a*a), the residual max |b - c*a| (less one subnormal
-    spacing: ``clipmath.subnormal_spacing``) / (max |a| * |c|); no factor for a gradient with a non-finite
-    value before or after, or an all-zero one. Two passes over each gradient's blocks,
-    the numbers kept on the device and brought to the host once per pass (and, for a gradient whose sums
-    are not finite, its finiteness)."""
+    """``({name: [c, residual, elements(, slack)]}, vanished)``, the ``scale`` and ``vanished`` of
+    ``applied_coefficients``, fitted as every reading fits (``factor_fit``); no factor for a gradient with a
+    non-finite value before or after, or an all-zero one. Two passes over each gradient's blocks, the numbers
+    kept on the device and brought to the host once per pass (and, for a gradient whose sums are not finite,
+    its finiteness); a third only for a gradient whose fit on all elements has a slack (gradients near their
+    dtype's smallest normal number, in practice fp16 ones clipped hard)."""
     vanished = [n for n, before in pre.items() if before is not None and post.get(n) is None]
     names = [n for n, before in pre.items() if before is not None and post.get(n) is not None]
     if not names:
@@ -40,7 +41,7 @@ def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]
             acc[1] += torch.dot(x, y)
             acc[2] = torch.maximum(acc[2], _max_abs(x))
         sums.append(acc)
-    factors: dict[str, float] = {}
+    factors: dict[str, Factor] = {}
     residuals = []
     for name, (denom, dot, top) in zip(names, [acc.tolist() for acc in _host(sums)]):
         a, b = _flat(pre[name]), _flat(post[name])
@@ -49,19 +50,36 @@ def blocked_coefficients(pre: Grads, post: Grads) -> tuple[dict[str, list[float]
         if not (math.isfinite(denom) and math.isfinite(dot)) and not (
                 bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
             continue
-        if denom == 0.0:
+        everything = FitSums(denom, dot, a.numel())
+        whole = fit(everything, a.dtype)
+        factor = best_fit(*_separated(a, b), a.dtype) if whole is not None and whole.slack > 0.0 else whole
+        if factor is None:
             continue
-        c = dot / denom
-        factors[name] = c
+        factors[name] = factor
         worst = torch.zeros((), dtype=torch.float64, device=a.device)
         for x, y in _blocks(a, b):
-            worst = torch.maximum(worst, _max_abs(y.sub_(x, alpha=c)))
-        residuals.append((name, worst, top * max(abs(c), 1e-300), a.numel()))
+            worst = torch.maximum(worst, _max_abs(y.sub_(x, alpha=factor.c)))
+        residuals.append((name, worst, top * max(abs(factor.c), 1e-300), a.numel()))
     worst_host = _host([r[1] for r in residuals])
-    scale = {name: [factors[name], max(0.0, float(w) - subnormal_spacing(_flat(pre[name]).dtype)) / scaled_top,
-                    numel]
+    scale = {name: factors[name].entry(relative_residual(float(w), scaled_top, _flat(pre[name]).dtype), numel)
              for (name, _, scaled_top, numel), w in zip(residuals, worst_host)}
     return scale, vanished
+
+
+def _separated(a: torch.Tensor, b: torch.Tensor) -> tuple[FitSums, FitSums]:
+    """The fit's sums over all elements with sum |a| (a tighter slack than Cauchy-Schwarz gives), and over
+    the elements that are normal numbers before and after (``factor_fit.best_fit``): one more pass."""
+    sums = torch.zeros(5, dtype=torch.float64, device=a.device)
+    smallest = smallest_normal(a.dtype)
+    for x, y in _blocks(a, b):
+        sums[0] += torch.dot(x, x)
+        sums[1] += torch.dot(x, y)
+        sums[2] += x.abs().sum()
+        x.mul_(normal_elements(x, y, smallest))
+        sums[3] += torch.dot(x, x)
+        sums[4] += torch.dot(x, y)
+    denom, dot, abs_sum, normal_denom, normal_dot = sums.tolist()
+    return FitSums(denom, dot, a.numel(), abs_sum), FitSums(normal_denom, normal_dot, a.numel())
 
 
 def _blocks(a: torch.Tensor, b: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

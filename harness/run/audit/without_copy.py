@@ -13,8 +13,9 @@ import torch
 import torch.nn as nn
 
 from harness.cases.injection import DTYPES
-from harness.clipmath import local_tensor, subnormal_spacing
+from harness.clipmath import local_tensor, smallest_normal
 from harness.run.case.effects import POLICIES, canonical_nans
+from harness.run.case.factor_fit import Factor, FitSums, best_fit, normal_elements, relative_residual
 from harness.run.audit.gradient_pass import Stats, sample_positions
 from harness.run.case.measure import linear_digest
 
@@ -74,25 +75,30 @@ class ParamMarks:
 
 
 # -- the coefficient without a copy ---------------------------------------------------------------------
-def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
-    """(coefficient, residual) from two passes, as ``effects.applied_coefficients`` measures them from
-    copies: the coefficient from the sampled elements (least squares, float64), checked against the
-    ratio of the sums of squares; the residual the largest relative deviation of a sampled element (less one
-    subnormal spacing, ``clipmath.subnormal_spacing``), of a row's norm ratio (minus the row norms' own
-    rounding) and of the two estimates. None where no
-    factor applies (a zero gradient, or a non-finite value before or after)."""
+def cheap_scale(before: Stats, after: Stats) -> list[float] | None:
+    """The record's ``[c, residual, elements(, slack)]`` from two passes, as ``effects.applied_coefficients``
+    measures it from copies: the coefficient fitted on the sampled elements as every reading fits
+    (``factor_fit``), checked against the ratio of the sums of squares; the residual the largest relative
+    deviation of a sampled element, of a row's norm ratio (minus the row norms' own rounding and the fit's
+    slack) and of the two estimates. None where no factor applies (a zero gradient, or a non-finite value
+    before or after)."""
     if not (before.finite and after.finite) or before.sq == 0.0 or before.rows is None or after.rows is None:
         return None
     magnitude = math.sqrt(after.sq / before.sq)
-    slack = ROW_SLACK.get(before.rows.dtype, _FP32_ROW_SLACK)
-    a, b = before.values, after.values
-    denominator = sum(x * x for x in a)
-    c = sum(x * y for x, y in zip(a, b)) / denominator if denominator > 0 else magnitude
+    dtype = DTYPES.get(before.dtype, torch.float64)
+    a, b = torch.tensor(before.values, dtype=torch.float64), torch.tensor(after.values, dtype=torch.float64)
+    normal = normal_elements(a, b, smallest_normal(dtype))
+    everything = FitSums(float(a @ a), float(a @ b), len(a), float(a.abs().sum()))
+    normal_a = a * normal
+    factor = best_fit(everything, FitSums(float(normal_a @ normal_a), float(normal_a @ b), len(a)), dtype)
+    if factor is None:  # no sampled element carries a value: the magnitudes alone
+        factor = Factor(magnitude, 0.0)
+    c = factor.c
     if c == 0.0:
-        return (0.0, 0.0) if magnitude == 0.0 else (0.0, math.inf)
-    top = max(abs(c * x) for x in a) if a else 0.0
-    spacing = subnormal_spacing(DTYPES[before.dtype]) if before.dtype in DTYPES else 0.0
-    sampled = max(0.0, max((abs(y - c * x) for x, y in zip(a, b)), default=0.0) - spacing) / top if top > 0 else 0.0
+        return [0.0, 0.0 if magnitude == 0.0 else math.inf, before.numel]
+    slack = ROW_SLACK.get(before.rows.dtype, _FP32_ROW_SLACK) + factor.slack
+    top = float((a * c).abs().max()) if len(a) else 0.0
+    sampled = relative_residual(float((b - c * a).abs().max()) if len(a) else 0.0, top, dtype)
     agreement = max(0.0, abs(magnitude - abs(c)) / abs(c) - slack)
     rows_before, rows_after = before.rows.to(torch.float64), after.rows.to(torch.float64)
     held = rows_before > 0
@@ -102,7 +108,7 @@ def cheap_scale(before: Stats, after: Stats) -> tuple[float, float] | None:
         rows_before, rows_after = rows_before[held], rows_after[held]
     spread = math.inf if appeared else 0.0 if not rows_before.numel() else \
         float((rows_after / rows_before).sub_(abs(c)).abs_().max()) / abs(c)
-    return c, max(sampled, agreement, max(0.0, spread - slack))
+    return factor.entry(max(sampled, agreement, max(0.0, spread - slack)), before.numel)
 
 
 def cheap_policies(before: Stats, after: torch.Tensor | None, digest_before: str | None) -> dict[str, bool]:

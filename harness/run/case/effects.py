@@ -22,7 +22,8 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
-from harness.clipmath import smallest_normal, subnormal_spacing
+from harness.clipmath import smallest_normal
+from harness.run.case.factor_fit import FitSums, best_fit, normal_elements, relative_residual
 from harness.judge.records import Coefficients, RankLocal
 from harness.run.case.model_state import ModelState
 from harness.run.case.measure import bit_words
@@ -120,7 +121,7 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
 
     Returns ``{"scale": {name: [c, residual, elements(, slack)]}, "vanished": [...], "became_nonfinite": [...]}``
     (``slack``: where no element is a normal number before and after the call, how far the fitted factor may
-    be off through subnormal roundings alone, relative: ``clipmath.subnormal_spacing``);
+    be off through subnormal roundings alone, relative: ``factor_fit``, the fit every reading shares);
     ``residual`` is max |post - c*pre| relative to max |c*pre|, so a non-uniform scaling shows up even
     when the average factor looks right (less one subnormal spacing of the gradient's dtype: a subnormal
     element's rounding is absolute, ``clipmath.subnormal_spacing``). ``post`` must already be sanitized
@@ -146,39 +147,32 @@ def applied_coefficients(pre: Grads, post: Grads) -> Coefficients:
     def total(values: torch.Tensor) -> list[float]:
         return torch.segment_reduce(values, "sum", lengths=torch.tensor(lengths), unsafe=True).tolist()
 
-    denoms, dots = total(a * a), total(a * b)
-    # the fit on the elements that are normal numbers before and after: a subnormal's rounding is absolute, and
-    # on gradients of subnormal magnitude it would pull the fitted factor off by more than any relative bound
+    denoms, dots, abs_sums = total(a * a), total(a * b), total(a.abs())
+    # the elements that are normal numbers before and after, for gradients whose fit on all of them has a slack
+    # (``factor_fit``): summed for all at once, which costs less than finding those gradients first
     smallest = torch.repeat_interleave(torch.tensor([smallest_normal(pre_dtypes[n]) for n in names],
                                                     dtype=torch.float64), torch.tensor(lengths))
-    normal = (a.abs() >= smallest) & (b.abs() >= smallest)
-    a_n = torch.where(normal, a, 0.0)
-    normal_denoms, normal_dots = total(a_n * a_n), total(a_n * b)
+    a_n = torch.where(normal_elements(a, b, smallest), a, 0.0)
+    normal_denoms, normal_dots, normal_abs = total(a_n * a_n), total(a_n * b), total(a_n.abs())
     scale: dict[str, list[float]] = {}
     became_nonfinite: list[str] = []
-    for name, a_j, b_j, denom, dot, n_denom, n_dot in zip(names, flat_pre, flat_post, denoms, dots, normal_denoms,
-                                                         normal_dots):
-        subnormal = not (n_denom > 0.0 and math.isfinite(n_denom) and math.isfinite(n_dot))
-        if not subnormal:
-            denom, dot = n_denom, n_dot
+    for i, (name, a_j, b_j) in enumerate(zip(names, flat_pre, flat_post)):
         # a non-finite value in a makes sum a*a non-finite, one in b makes sum a*b non-finite (0 * inf
         # is NaN); finite sums prove finite values, and only non-finite sums (rare) are checked one by one
-        sums_finite = math.isfinite(denom) and math.isfinite(dot)
-        if not sums_finite:
+        if not (math.isfinite(denoms[i]) and math.isfinite(dots[i])):
             finite_before = bool(torch.isfinite(a_j).all())
             if not (finite_before and bool(torch.isfinite(b_j).all())):
                 if finite_before:
                     became_nonfinite.append(name)
                 continue
-        if denom == 0.0:
+        dtype = pre_dtypes[name]
+        factor = best_fit(FitSums(denoms[i], dots[i], a_j.numel(), abs_sums[i]),
+                          FitSums(normal_denoms[i], normal_dots[i], a_j.numel(), normal_abs[i]), dtype)
+        if factor is None:
             continue
-        c = dot / denom
-        top = float(a_j.abs().max()) * max(abs(c), 1e-300)
-        spacing = subnormal_spacing(pre_dtypes[name])
-        off = max(0.0, float((b_j - c * a_j).abs().max()) - spacing)
-        scale[name] = [c, off / top, a_j.numel()]
-        if subnormal and c != 0.0:  # no element normal before and after: the fit is only good to the spacing
-            scale[name].append(spacing * float(a_j.abs().sum()) / (abs(c) * denom))
+        top = float(a_j.abs().max()) * max(abs(factor.c), 1e-300)
+        worst = float((b_j - factor.c * a_j).abs().max())
+        scale[name] = factor.entry(relative_residual(worst, top, dtype), a_j.numel())
     return {"scale": scale, "vanished": vanished, "became_nonfinite": became_nonfinite}
 
 
