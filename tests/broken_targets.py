@@ -506,3 +506,11 @@ def _double_counting(group: str):
 
 # double_counts_biases, double_counts_norms, ...: module-level names, so ranks import them by name
 globals().update({f"double_counts_{group}": _double_counting(group) for group in NAME_GROUPS})
+
+
+def shared_lora_twice(model, *, max_norm, norm_type=2.0):
+    """counting: the reference, but the LoRA factors every EP rank shares (ep=Replicate) counted twice: xorl's
+    hybrid_shared factors summed over an EP group of two. They hold under 1% of the norm of a MoE LoRA layer,
+    inside bf16's band."""
+    shared = {"gate_proj_lora_A", "up_proj_lora_A", "down_proj_lora_B"}
+    return _counted_twice_where(model, max_norm, norm_type, lambda name: name.rsplit(".", 1)[-1] in shared)

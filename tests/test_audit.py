@@ -186,6 +186,27 @@ def test_without_restore_a_failure_says_why_and_how_to_name_the_groups(tmp_path)
     assert "signature" not in right.found["text"] and UNBLAMED not in right.found["text"]
 
 
+@pytest.mark.distributed
+def test_a_small_group_counted_twice_is_established_on_a_copy_of_the_real_gradients(tmp_path):
+    """bf16: the dense biases counted twice move the norm 0.8%, inside bf16's band. With ``restore=True`` the
+    audit runs each group its band cannot see alone (the others zero, the tie's two names together): the
+    biases' run fails ``counting`` in the blame's words, and a correct clip passes with every group
+    established. Without a copy the PASS says which groups it could not see, and how to see them."""
+    run = run_job("toy.py", 4, ["biases-twice", "restore", "bf16"], tmp_path)
+    assert run.found["verdict"] == "FAIL" and run.found["restored"], run.found["text"]
+    assert run.check("norm")["passed"] and abs(run.record["ratio"] - 1) < 0.01
+    assert "dense.*.bias (ranks 0, 1, 2, 3): counted 2 times" in run.check("counting")["detail"], run.found["text"]
+    right = run_job("toy.py", 4, ["correct", "restore", "bf16"], tmp_path)
+    assert right.found["verdict"] == "PASS", right.found["text"]
+    hows = right.record["counting"]
+    assert hows["embed (ranks 0) + head (ranks 3)"] == "in its own run", hows
+    assert all(how.startswith(("by the case", "in its own run")) for how in hows.values()), hows
+    unseen = run_job("toy.py", 4, ["biases-twice", "bf16"], tmp_path)
+    assert unseen.found["verdict"] == "PASS", unseen.found["text"]  # what its band can see is right
+    assert "counting not established for 2 of 4 parameter groups" in unseen.found["text"], unseen.found["text"]
+    assert unseen.record["counting"]["dense.*.bias (ranks 0, 1, 2, 3)"].startswith("not established")
+
+
 def test_one_group_readings_price_one_group_s_mistake_and_nothing_else():
     """A group counted twice, priced from the groups' own evidence (its part of the p-th power sum doubled,
     the rest kept); a report no single group's mistake gives reads as nothing."""

@@ -288,7 +288,10 @@ def merge(launches: list[Launch], out: Path, verbose: bool) -> int:
     print_merged([r for launch in ran for r in launch.records], done.groups, ran, verbose)
     crashed = [launch for launch in ran if launch.crashed]
     unwritten = [launch for launch in ran if launch.returncode == EXIT_OUTPUT]
-    print(f"\nmatrix: {len(ran)} launches, {done.counts.line()}; {len(crashed)} launches crashed")
+    print()
+    if done.counting is not None:
+        print(done.counting)
+    print(f"matrix: {len(ran)} launches, {done.counts.line()}; {len(crashed)} launches crashed")
     print(f"merged: {out / 'results.jsonl'}, {out / 'junit.xml'}")
     print(f"report: {done.page}", flush=True)
     return done.exit_status(EXIT_BROKEN if crashed else 0, EXIT_OUTPUT if unwritten else 0)

@@ -62,6 +62,20 @@ def parameter_groups(names: Sequence[str],
     return groups
 
 
+def case_groups(case: CaseSpec) -> dict[str, list[str]]:
+    """The groups of a case's trainable parameters (``parameter_groups``, by the ranks that hold them): what
+    the blame weighs."""
+    trainable = case.layout.trainable
+    return parameter_groups([s.name for s in trainable], {s.name: s.present_ranks for s in trainable})
+
+
+def counting_groups(case: CaseSpec, pre: Replication) -> dict[str, list[str]]:
+    """The groups counting is established for (``harness.judge.establishment``): the case's, merged where one
+    class of bits is held under two names (``tied_groups``), so that no group is ever run without its copies:
+    a tied pair with one half zeroed is a state no trainer reaches, where a clip that counts one copy is right."""
+    return tied_groups(case_groups(case), pre.classes or {})
+
+
 def tied_groups(groups: Mapping[str, Sequence[str]],
                classes: Mapping[str, Sequence[str | None]]) -> dict[str, list[str]]:
     """``groups`` merged wherever one class of bits (``Replication.classes``) has holdings in two of them (a

@@ -38,6 +38,7 @@ from harness.judge.records import (CaseResult, Check, Evidence, RankLocalKey, Ra
                                    Verdict)
 from harness.judge.signatures import explain, holds_on
 from harness.judge.band import Band, case_band
+from harness.judge.establishment import counting_reach
 from harness.judge.tolerance import UNIT_ROUNDOFF, coefficient_rtol, uniformity_bound
 
 
@@ -683,6 +684,7 @@ def evaluate(
         tolerance=j.band.rtol,
         evidence=_evidence(j, mismatches, norm),
     )
+    result.groups, result.moved = counting_reach(case, stats, pre, j.copies, truth)
     result.signature = signature_of(result)
     return result
 

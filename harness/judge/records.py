@@ -136,6 +136,8 @@ class CaseRecord(TypedDict):
     blame: list[BlameRecord]
     blame_note: str
     blame_rank: int
+    counting: dict[str, str]
+    """Per parameter group, how its counting was established: by the case, in its own run, or why not."""
     finding: FindingRecord | None
     """For a framework adapter's FAIL or ERROR: the finding it matches (None if none does, or for the
     harness's own targets)."""
@@ -373,6 +375,13 @@ class CaseResult:
     """The relative tolerance its norm was judged with (``harness.judge.tolerance``): 0 when unjudged."""
     evidence: Evidence | None = field(default=None, repr=False, compare=False)
     """What the signature was read from, kept for a second reading once the blame is known."""
+    groups: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
+    """The parameter groups whose counting is established, with their parameters (``blame.counting_groups``)."""
+    moved: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    """Per parameter group, how far its weakest miscount moves this case's norm
+    (``establishment.weakest_miscounts``): which groups the case itself establishes."""
+    counting: dict[str, str] = field(default_factory=dict)
+    """Per parameter group, how its counting was established (``harness.judge.establishment``)."""
     """Why the weights do not add up to the full case, when they do not."""
 
     @property

@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence, cast
 
+from harness.judge.establishment import counting_line
 from harness.judge.metamorphic import MetamorphicResult, metamorphic_groups
 from harness.judge.records import MetamorphicRecord, Record, SummaryRecord
 from harness.judge.verdicts import Counts, count, worst
@@ -54,6 +55,13 @@ class FinishedRun:
     """One line for each file that could not be written (None for each that was)."""
     page: str | None
     """Where the HTML page is, or why it is not there; None when none was asked for."""
+
+    @property
+    def counting(self) -> str | None:
+        """How the run's cases established each parameter group's counting, in one line
+        (``establishment.counting_line``), or None where none was."""
+        return counting_line(cast(Mapping[str, str], r.get("counting") or {}) for r in self.records
+                             if r.get("type") == "case")
 
     def exit_status(self, *more: int) -> int:
         """Print each problem on stderr and return the run's status: the worst of the counts', the

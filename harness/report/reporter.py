@@ -79,6 +79,7 @@ def case_json(result: CaseResult, world_size: int, backend: str, target: Target 
                    "line": weight_line(g, blame_tolerance(result.tolerance))} for g in result.blame],
         "blame_note": result.blame_note,
         "blame_rank": result.blame_rank,
+        "counting": dict(result.counting),
         "finding": finding.record() if finding is not None else None,
         "synthetic": case.variant.synthetic,
     }
@@ -202,6 +203,8 @@ class Reporter:
         self.json = None
         self.records += [*done.groups, done.summary]
         self.metamorphic(done.groups)
+        if done.counting is not None:
+            self._print(done.counting)
         self._print(f"summary: {done.counts.line()}")
         return done.exit_status()
 

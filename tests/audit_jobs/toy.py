@@ -8,13 +8,15 @@ two names). One real forward and backward, then the audit of one of these clips:
 * ``correct``: each logical gradient once (dense on rank 0 only, each expert, the tie on the first rank);
 * ``local``: ``torch.nn.utils.clip_grad_norm_`` on the rank's own parameters (no cross-rank reduction);
 * ``tied-twice``: correct but for the tie, counted on both ranks that hold it;
+* ``biases-twice``: correct but for the dense layers' biases, counted on the first two ranks (a small group);
 * ``raise``: raises on rank 1 before its all-reduce (the other ranks wait for it in the collective);
 * ``silent``: clips correctly but returns nothing (the norm is read from the coefficient);
 * ``hang``: rank 1 never reaches its all-reduce (it sleeps), the others wait for it there.
 
-    torchrun --nproc_per_node=4 tests/audit_jobs/toy.py MODE OUT.json [restore] [save=PATH] [cuda]
+    torchrun --nproc_per_node=4 tests/audit_jobs/toy.py MODE OUT.json [restore] [save=PATH] [cuda] [bf16]
 
 ``cuda``: nccl, the model and its gradients on this rank's GPU (``bench/gpu_check.sh``); gloo on CPU otherwise.
+``bf16``: the model, and so its gradients, in bf16.
 
 Rank 0 writes what the audit found (the case record, the text, whether every rank's gradients came back
 bit for bit with ``restore``) to OUT.json.
@@ -62,7 +64,7 @@ class Toy(nn.Module):
 
 def step(model: Toy, rank: int, world: int, device: torch.device) -> None:
     torch.manual_seed(1000 + rank)  # each rank its own batch
-    model(torch.randn(16, 8).to(device)).backward()
+    model(torch.randn(16, 8).to(device, next(model.parameters()).dtype)).backward()
     for p in model.dense.parameters():  # DDP's all-reduce: replicas
         dist.all_reduce(p.grad)
         p.grad /= world
@@ -80,10 +82,12 @@ def make_clip(model: Toy, mode: str, rank: int, world: int, device: torch.device
     def squares(params) -> float:
         return sum(float(p.grad.double().pow(2).sum()) for p in params)
 
-    def reduced(tied_on_every_holder: bool) -> float:
+    def reduced(tied_on_every_holder: bool, biases_twice: bool = False) -> float:
         part = squares(model.expert.parameters())
         if rank == 0:
             part += squares(model.dense.parameters())
+        if rank == 1 and biases_twice:
+            part += squares([p for n, p in model.dense.named_parameters() if n.endswith("bias")])
         for name in ("embed", "head"):
             if hasattr(model, name) and (tied_on_every_holder or name == "embed"):
                 part += squares([getattr(model, name)])
@@ -101,6 +105,8 @@ def make_clip(model: Toy, mode: str, rank: int, world: int, device: torch.device
         return lambda: reduced(False)
     if mode == "tied-twice":
         return lambda: reduced(True)
+    if mode == "biases-twice":
+        return lambda: reduced(False, biases_twice=True)
     if mode == "silent":
         return lambda: (reduced(False), None)[1]
     if mode == "hang":
@@ -127,7 +133,7 @@ def main() -> None:
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    model = Toy(rank, world).to(device)
+    model = Toy(rank, world).to(device, torch.bfloat16 if "bf16" in options else torch.float32)
     step(model, rank, world, device)
     before = {n: linear_digest(p.grad) for n, p in model.named_parameters()}
     report = harness.audit(model, make_clip(model, mode, rank, world, device), max_norm=MAX_NORM,

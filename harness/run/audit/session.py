@@ -53,6 +53,7 @@ from harness.cases.measured import (SCENARIO, Holding, candidates, class_tokens,
 from harness.cases.variant import CaseSpec
 from harness.clipmath import EPS, local_tensor
 from harness.judge.blame import blame_reason, group_only, group_tables, parameter_groups
+from harness.judge.establishment import counting_line, establish, establishable, unseen
 from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.one_group import one_group_signature
 from harness.judge.records import CaseResult, RankRecord, Replication, StatsTable
@@ -197,14 +198,15 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
     if measured is not None and clip_records is not None:
         result = _judge(measured, clip_records)
 
-    # 5. the blame's one-group runs (the gradients put back between them), then the verdict
+    # 5. the blame's one-group runs (the gradients put back between them), or, where the norm is right, those of
+    # the groups whose miscount its band can hide (counting established per group), then the verdict
     groups: dict[str, list[str]] | None = None
+    establishing = False
     if plan["blame"]:  # an exchange only where the blame may run (restore and blame on every rank)
-        if result is not None and measured is not None and blame_reason(result) is None:
-            present = {n: frozenset(r for r in range(world.world_size) if measured.stats.present(r, j))
-                       for j, n in enumerate(measured.names)}
-            groups = parameter_groups(measured.names, present)
-        groups = world.allgather_json("audit-blame", groups, world.exchange_deadline_s)[0]
+        if result is not None and measured is not None:
+            groups, establishing = _to_run(result, measured)
+        groups, establishing = world.allgather_json("audit-blame", [groups, establishing],
+                                                    world.exchange_deadline_s)[0]
     if groups and copies is not None and originals is not None:
         try:
             subs = [_one_group(world, model, clip, set(names), originals, copies, measured, max_norm, g)
@@ -212,19 +214,23 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
         except (WorldBroken, DeadRankError) as exc:
             return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
                           exc.detail if isinstance(exc, WorldBroken) else str(exc))
-        if result is not None:
+        if result is not None and measured is not None and establishing:
+            establish(result, result.groups, result.moved, dict(zip(groups, subs)))
+        elif result is not None:
             weigh_groups(result, groups, [s for s in subs if s is not None])
         clock.lap("blame")
     if originals is not None and copies is not None:
         _put_back(model, originals, copies)
     verdict = None
     if world.rank == 0:
+        unseen_lines = _unseen_said(result) if result is not None and not groups else []
         verdict = {"verdict": result.verdict if result is not None else "ERROR", "text": _text(result, world),
-                   "hint": _blame_hint(result)}
+                   "hint": _blame_hint(result), "unseen": unseen_lines}
     shared = world.allgather_json("audit-verdict", verdict, world.exchange_deadline_s)[0]
     world.hang_handler = world.default_hang_handler
     all_notes = sorted({n for rec in records or [] for n in rec["notes"]}) + notes + \
-        (measured.notes if measured is not None else []) + ([shared["hint"]] if shared["hint"] else [])
+        (measured.notes if measured is not None else []) + ([shared["hint"]] if shared["hint"] else []) + \
+        shared["unseen"]
     return AuditReport(rank=world.rank, world_size=world.world_size, backend=world.backend,
                        verdict=shared["verdict"], text=shared["text"], result=result, notes=all_notes,
                        seconds=clock.seconds)
@@ -319,6 +325,38 @@ def _measured_case(records: Sequence[Mapping[str, Any]], held: list[Holding],
 UNBLAMED = ("restore=True names the groups to blame (with blame on): the audit then keeps a copy of the gradients and "
             "calls the clip once more per parameter group, the others zero")
 """The line of a wrong norm whose groups were not weighed (``restore=False``, or ``blame=False``)."""
+
+
+def _to_run(result: CaseResult, measured: _Case) -> tuple[dict[str, list[str]] | None, bool]:
+    """Rank 0: the groups to run alone, and whether to establish their counting (the norm is right) rather
+    than weigh them (it is wrong: every group)."""
+    if blame_reason(result) is None:
+        present = {n: frozenset(r for r in range(len(result.reported)) if measured.stats.present(r, j))
+                   for j, n in enumerate(measured.names)}
+        return parameter_groups(measured.names, present), False
+    if establishable(result):
+        return {group: result.groups[group] for group in unseen(result.moved, result.tolerance)}, True
+    return None, False
+
+
+def _unseen_said(result: CaseResult) -> list[str]:
+    """Rank 0, where no group was run alone: the groups the case itself establishes recorded, and the note on
+    those it cannot."""
+    if establishable(result):
+        establish(result, result.groups, result.moved, {})
+    return unseen_note(result)
+
+
+def unseen_note(result: CaseResult) -> list[str]:
+    """Without a copy (``restore=False``, or blame off): the groups whose miscount this audit's band can hide,
+    said, and how to establish them."""
+    hidden = unseen(result.moved, result.tolerance) if establishable(result) else []
+    if not hidden:
+        return []
+    shown = ", ".join(hidden[:4]) + (f" and {len(hidden) - 4} more" if len(hidden) > 4 else "")
+    return [f"counting not established for {len(hidden)} of {len(result.moved)} parameter groups ({shown}): each holds "
+            f"too little of the norm for its band ({result.tolerance:.2g}) to show a miscount of it; restore=True "
+            f"(with blame on) calls the clip once more for each, every other gradient zero"]
 
 
 def _blame_hint(result: CaseResult | None) -> str | None:
@@ -446,7 +484,8 @@ def _text(result: CaseResult | None, world: UserWorld) -> str:
     reporter = Reporter(out, None, world.world_size, world.backend, verbose=False)
     reporter.header(1, [])
     reporter.case(result)
-    return out.getvalue().rstrip("\n")
+    counting = counting_line([result.counting])
+    return out.getvalue().rstrip("\n") + (f"\n{counting}" if counting else "")
 
 
 def _ended(world: UserWorld, measured: _Case | None, check: str, detail: str) -> AuditReport:

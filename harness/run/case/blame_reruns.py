@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, group_only, parameter_groups,
+from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, case_groups, group_only,
                                  reuse_blame, weigh)
+from harness.judge.establishment import establish, establishable, unseen
 from harness.judge.signatures import lying_plan_line
 from harness.judge.records import CaseResult
 from harness.judge.checks import surviving_signature
@@ -37,10 +38,12 @@ def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, s
         return result
     decided = None
     if world.rank == 0:
-        decided = {"blame": _blame_wanted(launch, mode, result), "honest": _honest_wanted(launch, case, result)}
+        decided = {"blame": _blame_wanted(launch, mode, result), "honest": _honest_wanted(launch, case, result),
+                   "establish": _to_establish(launch, result)}
     decisions = world.allgather_json("diagnose", decided, world.timeout_s)[0]
     if decisions["blame"]:
         result = _weighed(world, launch, case, scenario, target, result)
+    result = _established(world, launch, case, scenario, target, result, decisions["establish"])
     return _tried_on_the_honest_plan(world, launch, case, scenario, target, result, decisions["honest"])
 
 
@@ -54,9 +57,9 @@ def _blame_wanted(launch: LaunchState, mode: str, result: CaseResult | None) -> 
 
 def _weighed(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
              result: CaseResult | None) -> CaseResult | None:
-    groups = parameter_groups([s.name for s in case.layout.trainable],
-                              {s.name: s.present_ranks for s in case.layout.trainable})
-    subs = [run_case(world, launch, group_only(case, params), scenario, target) for params in groups.values()]
+    groups = case_groups(case)
+    subs = [run_case(world, launch, group_only(case, params), scenario, target, effects_measured=False)
+            for params in groups.values()]
     if result is None:
         return None
     weigh_groups(result, groups, [s for s in subs if s is not None])
@@ -77,6 +80,37 @@ def weigh_groups(result: CaseResult, groups: Mapping[str, Sequence[str]], subs: 
         result.blame_note = note
     result.signature = surviving_signature(result, subs)  # each one-group run tests the signature's mechanisms
     return result
+
+
+def _to_establish(launch: LaunchState, result: CaseResult | None) -> dict[str, list[str]] | None:
+    """Rank 0: the groups of this case to run alone, with their parameters (``establishment.unseen``), {} where
+    the case itself establishes every one, None where counting is not established here: the norm is wrong
+    (the blame weighs every group), not judged, or of non-finite or zero gradients."""
+    if result is None or not establishable(result):
+        return None
+    if blame_key(result.case) in launch.established:
+        return {}  # run alone on an earlier case of the same layout, target, norm and dtype: reused
+    return {group: result.groups[group] for group in unseen(result.moved, result.tolerance)}
+
+
+def _established(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
+                 result: CaseResult | None, to_run: dict[str, list[str]] | None) -> CaseResult | None:
+    """Every rank runs the groups rank 0 named alone, in lockstep; rank 0 reads them into ``result``
+    (``establishment.establish``), or reuses the runs of an earlier case of the same key."""
+    if to_run is None:
+        return result
+    runs = {group: run_case(world, launch, group_only(case, params), scenario, target, effects_measured=False)
+            for group, params in to_run.items()}
+    if result is None:
+        return None
+    key = blame_key(case)
+    where = ""
+    if key in launch.established:
+        index, runs = launch.established[key]
+        where = f" on case {index}"
+    else:
+        launch.established[key] = (case.index, runs)
+    return establish(result, result.groups, result.moved, runs, where)
 
 
 def _honest_wanted(launch: LaunchState, case: CaseSpec, result: CaseResult | None) -> bool:

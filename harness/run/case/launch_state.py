@@ -24,9 +24,12 @@ class LaunchState:
     """Rank 0: the weighings of this plan, for reuse (``blame_reruns``)."""
     honest: dict[BlameKey, bool] = field(default_factory=dict)
     """Rank 0: whether a lying-plan case passed on the honest plan (``blame_reruns``)."""
+    established: dict[BlameKey, tuple[int, dict[str, CaseResult | None]]] = field(default_factory=dict)
+    """Rank 0: the groups run alone to establish their counting, by the case they ran on (``blame_reruns``)."""
 
     def forget_plan(self) -> None:
         """A new plan starts on the same ranks: no weighing of an earlier one is reused (the same target
         name may now be another function)."""
         self.blamed.clear()
         self.honest.clear()
+        self.established.clear()

@@ -39,7 +39,7 @@ from harness.judge.checks import evaluate, setup_failed_result, skipped_result
 from harness.clipmath import local_tensor
 from harness.cases.context import CaseContext, attach
 from harness.run.case.model_state import GlobalState, LateWatch, ModelState, fingerprint, global_state_fault, settled_changes
-from harness.run.case.effects import FromSnapshot, canonical_nans, changed_params, rank_effects, snapshot_params
+from harness.run.case.effects import CallEffects, FromSnapshot, canonical_nans, changed_params, rank_effects, snapshot_params
 from harness.cases.model import generated_grads, local_grads
 from harness.run.case.delivery import expected_copies, undelivered
 from harness.run.case import replicas
@@ -75,9 +75,12 @@ def _call_target(target: Target, model: Any, case: CaseSpec) -> Any:
 
 
 def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario,
-             target: Target) -> CaseResult | None:
+             target: Target, effects_measured: bool = True) -> CaseResult | None:
     """Run ``case`` on this rank; rank 0 returns the judged result, the other ranks None. ``launch`` is what
-    this rank keeps across the cases of its host (the truth measured, the model checked again later)."""
+    this rank keeps across the cases of its host (the truth measured, the model checked again later).
+    ``effects_measured`` False: a one-group run read for its norm alone (the blame's, counting's
+    establishment): what the call did to gradients and parameters is not measured, so its checks of them
+    pass unread; everything that keeps the world sound (what it left running, the default group) is."""
     if case.skip is not None:
         return skipped_result(case) if world.rank == 0 else None
     variant = case.variant
@@ -118,7 +121,8 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
         undelivered_here = undelivered({n: expected.get(n) for n in names}, local_grads(model, names))
     with phase_watch(world, "measure"):
         pre = {n: (g.detach().clone() if g is not None else None) for n, g in local_grads(model, names).items()}
-        params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()})
+        params_before = snapshot_params({n: local_tensor(p) for n, p in model.named_parameters()}) \
+            if effects_measured else {}
         # a measured layout's copies are classes of bits, whatever the mesh: always digests (CPU replays)
         digests = digests_for_truth(world.backend, layout.mesh) or layout.measured
         stats, pre_rep, stale_truth = launch.truth_cache.measure(
@@ -148,11 +152,14 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     with phase_watch(world, "effects"):
         if world.generation != generation:  # the groups were renewed: what follows measures on the new ones
             groups = world.mesh(layout.mesh)
-        post, effects = rank_effects(pre, local_grads(model, names), FromSnapshot(pre),
-                                     changed_params(params_before,
-                                                    {n: local_tensor(p) for n, p in model.named_parameters()}),
-                                     bool(variant.injection.nonfinite), state_before, ModelState.of(model),
-                                     in_place=target.in_place)
+        if effects_measured:
+            post, effects = rank_effects(pre, local_grads(model, names), FromSnapshot(pre),
+                                         changed_params(params_before,
+                                                        {n: local_tensor(p) for n, p in model.named_parameters()}),
+                                         bool(variant.injection.nonfinite), state_before, ModelState.of(model),
+                                         in_place=target.in_place)
+        else:
+            post, effects = {}, CallEffects.unmeasured()
         baseline = fingerprint(model, names)
         late, running = settled_changes(threads_before, model, names, baseline)
         if running:  # its collectives would reach the next case: this world stops after this one
@@ -162,7 +169,7 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
         # this rank's part only: the parts travel in the records, and rank 0 merges them (NaN payloads
         # carry no meaning: canonical, so that replicas are not told apart by them)
         part = replicas.rank_part(world.backend, names, canonical_nans(post) if variant.injection.nonfinite else post,
-                                  stats, groups, world.device)
+                                  stats, groups, world.device) if effects_measured else None
         local = effects.record(late=late, stale_truth=stale_truth, undelivered=undelivered_here, post_replicas=part)
     record: RankRecord = {"reported": reported, "error": error, "fault": fault, "seconds": seconds,
                           "local": local, "precision": reported_precision(value) if error is None else None}
@@ -174,5 +181,5 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
         truth = variant_truth(variant, case.norm_type)
         measured = measured_norm(stats, pre_rep, layout.mesh, case.norm_type)
         post_rep = replicas.merge_parts(names, [r["local"]["post_replicas"] for r in records], layout.mesh,
-                                        layout.measured)
+                                        layout.measured) if effects_measured else pre_rep
         return evaluate(case, truth, measured, stats, pre_rep, post_rep, records)
