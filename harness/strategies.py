@@ -48,7 +48,7 @@ from harness.cases.variant import DeclaredPlan, Variant
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
 from harness.cases.model_names import NAMES, real_name
-from harness.cases.constructive import variant_truth
+from harness.cases.constructive import constructive_norm, largest_gradient_norm, variant_truth
 from harness.cases.drawn import DrawnCase
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
@@ -56,13 +56,23 @@ NORM_TYPES = (2.0, 1.0, math.inf, 3.0, 1.5)
 NONFINITE_NORM_TYPES = (math.inf, 2.0)
 DTYPES = ("fp32", "fp32", "bf16", "fp16", "fp64")
 CLIP_FACTORS = (0.25, 0.5, 2.0, 4.0, 0.3)
-SCALES = (1.0, 1.0, 64.0, 2.0**-14)
-"""Gradient magnitudes: as drawn, a loss-scaled fp16 run's (norms inside fp16, squares beyond it), and
-fp16's smallest normal numbers (squares that underflow); shrinks towards 1."""
+AT_FP16_EDGE = 0.0
+"""A drawn scale meaning: fp16 gradients (whatever dtype was drawn) scaled so that their total passes 65504
+while every gradient's own norm still fits fp16 (``_fp16_edge_scale``)."""
+SCALES = (1.0, 1.0, 64.0, 2.0**-14, AT_FP16_EDGE)
+"""Gradient magnitudes: as drawn, a loss-scaled fp16 run's (norms inside fp16, squares beyond it), fp16's
+smallest normal numbers (squares that underflow), and fp16 gradients whose norms fit fp16 one by one but
+whose total may pass 65504 (a clip holding its total in the gradient dtype returns inf); shrinks towards 1."""
 DTYPE_MAX = {"fp16": 65504.0, "bf16": 3.39e38, "fp32": 3.40e38, "fp64": 1.79e308}
 FITS_THE_DTYPE = 4.0
 """A drawn norm stays below a quarter of its dtype's largest number (else the scale falls back to 1):
-a correct clip may return the norm in the gradient dtype."""
+a clip may return the norm in the gradient dtype. Not at ``AT_FP16_EDGE``, whose point is a total that
+does not fit."""
+PAST_THE_EDGE = 1.125
+"""At ``AT_FP16_EDGE``, the total aimed at: this far past 65504."""
+EDGE_FITS = 1.0625
+"""At ``AT_FP16_EDGE``, every gradient's own norm stays below 65504 / 1.0625: fp16 holds each (torch's
+per-tensor norms of fp16 gradients are fp16), with room for their rounding."""
 
 
 def _divisors(n: int) -> tuple[int, ...]:
@@ -247,6 +257,21 @@ def injections(draw: Any, layout: Layout, seed: int = 0, dtensor: bool = False) 
                      none_on=tuple(none_on.items()), nonfinite=tuple(nonfinite))
 
 
+def _fp16_edge_scale(layout: Layout, injection: Injection, norm_type: float) -> float:
+    """``AT_FP16_EDGE``'s scale: the one that puts the total just past 65504 (x ``PAST_THE_EDGE``), or, where a
+    gradient's own norm would then not fit, the largest at which every gradient's own norm stays below
+    65504 / ``EDGE_FITS`` (1 for the inf norm, whose total is one element, and where a gradient is not
+    finite)."""
+    if math.isinf(norm_type):
+        return 1.0
+    unscaled = dataclasses.replace(injection, scale=1.0)
+    largest = largest_gradient_norm(layout, unscaled, norm_type)
+    total = constructive_norm(layout, unscaled, norm_type)
+    if not (math.isfinite(total) and largest > 0):
+        return 1.0
+    return min(DTYPE_MAX["fp16"] * PAST_THE_EDGE / total, DTYPE_MAX["fp16"] / EDGE_FITS / largest)
+
+
 @_reused
 @st.composite
 def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
@@ -261,11 +286,15 @@ def drawn_cases(draw: Any, world_size: int) -> DrawnCase:
     # a DTensor model whose plan leaves some modules unplanned holds them as plain, replicated tensors
     replicated = tuple(spec.name for spec in layout if all(isinstance(p, Replicate) for _, p in spec.placements))
     plain = frozenset(draw(_subsets(replicated, len(replicated)))) if dtensor and replicated else frozenset()
-    injection = dataclasses.replace(injection, scale=draw(st.sampled_from(SCALES)))
+    scale = draw(st.sampled_from(SCALES))
+    edge = scale == AT_FP16_EDGE
+    if edge:  # fp16 whatever dtype was drawn: the edge is fp16's
+        injection = dataclasses.replace(injection, dtype="fp16")
+    injection = dataclasses.replace(injection, scale=_fp16_edge_scale(layout, injection, norm_type) if edge else scale)
     variant = Variant(label=f"drawn {layout.describe()}", layout=layout, injection=injection, declared=declared,
                       dtensor=dtensor, plain=plain)
     truth = variant_truth(variant, norm_type)  # kept on the variant: rank 0 judges with it
-    if math.isfinite(truth) and truth * FITS_THE_DTYPE > DTYPE_MAX[injection.dtype]:  # a norm the dtype cannot hold
+    if math.isfinite(truth) and truth * FITS_THE_DTYPE > DTYPE_MAX[injection.dtype] and not edge:
         variant = dataclasses.replace(variant, injection=dataclasses.replace(injection, scale=1.0))
         truth = variant_truth(variant, norm_type)
     max_norm = factor * truth if math.isfinite(truth) and truth > 0 else 1.0

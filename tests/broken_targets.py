@@ -35,6 +35,23 @@ def coefficient_in_bf16(model, *, max_norm, norm_type=2.0):
     return norm
 
 
+def total_in_gradient_dtype(model, *, max_norm, norm_type=2.0):
+    """arithmetic: counts right, but holds the total norm in the gradients' dtype (agreed over the ranks: one
+    that holds none takes its peers'), as torch's clip_grad_norm_ does, and clips with it: a rounding, until
+    fp16 gradients whose norms fit one by one have a total past 65504 (inf: the coefficient 0 zeroes every
+    gradient)."""
+    order = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    held = {local_tensor(p.grad).dtype for _, p in trainable_with_grads(model)}
+    code = torch.tensor([min((order.index(d) for d in held), default=len(order))])
+    dist.all_reduce(code, op=dist.ReduceOp.MIN)
+    dtype = order[int(code)] if int(code) < len(order) else torch.float32
+    total = float(torch.tensor(reference(model, max_norm=math.inf, norm_type=norm_type), dtype=torch.float64).to(dtype))
+    coefficient = min(1.0, max_norm / (total + 1e-6))
+    for _, p in trainable_with_grads(model):
+        local_tensor(p.grad).mul_(coefficient)
+    return total
+
+
 def int_norm_type(model, *, max_norm, norm_type=2.0):
     """norm: counts and clips with p taken as int(p) (a 1.5-norm computed as the 1-norm)."""
     return reference(model, max_norm=max_norm, norm_type=norm_type if math.isinf(norm_type) else float(int(norm_type)))

@@ -98,11 +98,12 @@ def test_a_clip_that_miscounts_one_named_group_is_found(world4, group):
     assert not report.passed, f"{group}: {report.examples} examples passed"
 
 
-@pytest.mark.parametrize("target", ["coefficient_in_bf16", "int_norm_type"])
+@pytest.mark.parametrize("target", ["coefficient_in_bf16", "int_norm_type", "total_in_gradient_dtype"])
 def test_the_default_draws_reach_a_coefficient_rounded_to_bf16_and_a_non_integer_norm(world4, target):
-    """Two clips the power-of-two bounds and the integer norm types let through: a coefficient held in bf16 is
-    exact at 0.5 x the norm and 0.26% off at 0.3 x; int(p) is p for every integer p. The drawn bounds include 0.3
-    and the drawn norm types 1.5."""
+    """Three clips the power-of-two bounds, the integer norm types and totals that fit their dtype let through:
+    a coefficient held in bf16 is exact at 0.5 x the norm and 0.26% off at 0.3 x; int(p) is p for every integer
+    p; a total held in the gradient dtype is a rounding until fp16 gradients whose norms fit one by one add up
+    past 65504. The drawn bounds include 0.3, the drawn norm types 1.5, the drawn scales fp16's edge."""
     report = fuzz(f"tests/broken_targets.py:{target}", world4, FUZZ_BUDGET, seed=0, shrink=False, blame=False)
     assert not report.passed, f"{target}: {report.examples} examples passed"
 

@@ -34,3 +34,8 @@ def test_a_repro_imports_nothing_of_clipcheck():
         text = script.read_text()
         assert "import harness" not in text and "from harness" not in text, script
         assert 'if __name__ == "__main__":' in text, script
+
+
+def test_fp16_total_past_65504_is_inf_and_zeroes_every_gradient():
+    (row,) = run_repro("scenarios/fsdp2/repro_fp16_total_overflow.py")
+    assert math.isinf(row["reported"]) and 65504 < row["true"] < 2 * 65504 and row["zeroed"] == 1

@@ -20,6 +20,13 @@ def constructive_norm(layout: Layout, injection: Injection, norm_type: float) ->
     return root(total, norm_type)
 
 
+def largest_gradient_norm(layout: Layout, injection: Injection, norm_type: float) -> float:
+    """The largest p-norm of one logical gradient (0 where there are none): what a clip computing one norm per
+    tensor holds before it combines them (a local shard's is at most its logical gradient's)."""
+    return max((root(pow_sum(logical_grad(layout, injection, spec), norm_type), norm_type)
+                for spec in layout.trainable), default=0.0)
+
+
 def variant_truth(variant: Variant, norm_type: float) -> float:
     """``constructive_norm`` of a variant, computed once per (variant, norm type) and kept on the
     variant (``Variant.truths``): planning needs it for every target and bound of the variant (the
