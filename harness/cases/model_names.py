@@ -18,9 +18,10 @@ from __future__ import annotations
 
 NAMES: dict[str, tuple[tuple[str, ...], ...]] = {
     "dense": (
-        ("layer{i}.mlp.down_proj.weight", "layer{i}.self_attn.q_proj.weight"),
+        ("layer{i}.mlp.down_proj.weight", "layer{i}.self_attn.q_proj.weight", "layer{i}.self_attn.o_proj.weight",
+         "layer{i}.self_attn.k_proj.weight", "layer{i}.mlp.up_proj.weight"),
         ("layer{i}.self_attn.q_proj.bias", "layer{i}.mlp.down_proj.bias"),
-        ("layer{i}.input_layernorm.weight", "layer{i}.final_norm.weight", "layer{i}.attention_norm.bias"),
+        ("layer{i}.input_layernorm.weight", "layer{i}.final_norm.weight", "layer{i}.attention_norm.bias", "norm.weight"),
         ("layer{i}.mlp.router.gate.weight", "layer{i}.mlp.gate.weight"),
         ("layer{i}.embed_tokens.weight", "layer{i}.tok_embeddings.weight"),
         ("layer{i}.lm_head.weight", "layer{i}.output.weight"),
@@ -42,7 +43,8 @@ NAMES: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 """Per kind of drawn parameter, its names in groups a clip may pick by name (plain weights first, then
 biases, norms, the router, embeddings, the output head, LoRA factors, shared experts): a group is
-drawn first, so each comes up as often as the others, then one of its spellings. ``{i}``: the
+drawn first, so each comes up as often as the others, then one of its spellings (attention's q/k/o and the
+MLP's up and down projections; a layer's norm or the model's final ``norm.weight``). ``{i}``: the
 parameter's index in the layout, which keeps names unique, and is written ``layer0`` rather than
 ``layers.0`` so that blame (which groups ``layers.*`` as one group, as real models' layers share
 placements) keeps each drawn parameter, placed on its own, a group of its own; ``{e}``: the EP rank
@@ -51,5 +53,10 @@ owning an expert module."""
 
 def real_name(kind: str, index: int, group: int, spelling: int, owner: int = 0) -> str:
     """Name ``spelling`` of group ``group`` of ``kind``, for the layout's ``index``-th parameter (an
-    expert module's owned by EP rank ``owner``)."""
-    return NAMES[kind][group][spelling].format(i=index, e=owner)
+    expert module's owned by EP rank ``owner``). A spelling without ``{i}`` (a model's one top-level
+    ``norm.weight``) is the first parameter's only: a later one takes its group's first spelling, so that
+    names stay unique."""
+    template = NAMES[kind][group][spelling]
+    if "{i}" not in template and index != 0:
+        template = NAMES[kind][group][0]
+    return template.format(i=index, e=owner)
