@@ -111,3 +111,16 @@ def test_each_small_group_counted_twice_fails_in_bf16(tmp_path):
         assert (case["verdict"] == "FAIL") == counted, (group, case["scenario"], case["layout"], case["checks"])
         caught_by_counting += "counting" in failed(case)
     assert caught_by_counting  # some only through a group's own run: inside the band of the whole case
+
+
+@pytest.mark.distributed
+def test_with_the_re_runs_off_the_groups_a_case_cannot_see_are_said_not_established(world4):
+    """``blame="off"`` runs no group alone: the double count inside bf16's band then passes, and its record says
+    which groups were not established instead of claiming them."""
+    report = check("tests/broken_targets.py:shared_lora_twice", scenarios=["xorl_ep_lora"], worlds=[WORLD],
+                   pools={WORLD: world4}, dtypes=["bf16"], norm_types=[2], clip_ratios=[0.5], variant=HYBRID,
+                   blame="off")
+    (case,) = report.cases
+    assert case["verdict"] == "PASS", report.describe()
+    assert all(case["counting"][group].startswith("not established") for group in SHARED_LORA), case["counting"]
+    assert "not established" in report.text

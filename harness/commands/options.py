@@ -28,7 +28,9 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
                    help="for a case with a wrong norm, re-run the target one parameter group at a time and print "
                         "the weight it gives each: auto (the default) weighs each layout, target, norm and dtype "
                         "once and reuses it for the same failing norm under another bound; --blame (all) weighs "
-                        "every failing case afresh; --blame off never (costs one run per parameter group)")
+                        "every failing case afresh; --blame off never, and runs no group of a right norm alone "
+                        "either (counting established per group: those its band cannot see are recorded as not "
+                        "established); each costs one run per parameter group")
 
 
 LAYOUT_AXES = ("scenarios", "ep_sizes", "dtypes", "seed", "variant", "exclude", "parallelism", "plans", "synthetic")

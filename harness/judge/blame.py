@@ -31,7 +31,8 @@ NO_GRADIENT = "no gradient on this layout"
 BLAME_MODES = ("auto", "all", "off")
 """When to weigh the groups of a case whose norm is wrong: ``auto`` once per (scenario, layout, target,
 norm, dtype) in a launch, reused for the same failing norm under another bound; ``all`` every failing
-case afresh; ``off`` never."""
+case afresh; ``off`` never, and no group of a right norm is run alone either (counting established per
+group: ``harness.judge.establishment``; those its band cannot see are recorded as not established)."""
 
 ADDITIVE_RTOL = 1e-3
 """How far the full case's reported norm^p may be from the sum of the groups' before the clip is

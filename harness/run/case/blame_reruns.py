@@ -28,14 +28,18 @@ from harness.cases.target import Target
 
 def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
                         blame: str | bool = "auto") -> CaseResult | None:
-    """``run_case``, then the diagnosis of a failure (unless ``blame`` is off): when its norm is wrong,
-    the weight of each parameter group (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``,
-    False ``off``); when its layout's declared plan lies, whether the clip is exact on the honest plan.
-    Rank 0 decides both from the case's result, and one store round tells every rank."""
+    """``run_case``, then its re-runs (unless ``blame`` is off): when its norm is wrong, the weight of each
+    parameter group (``blame``: ``harness.judge.blame.BLAME_MODES``; True is ``all``, False ``off``); when it
+    is right, the groups its band cannot see, each alone (``establishment``); when its layout's declared plan
+    lies, whether the clip is exact on the honest plan. Rank 0 decides from the case's result, and one store
+    round tells every rank."""
     mode = ("all" if blame else "off") if isinstance(blame, bool) else blame
     result = run_case(world, launch, case, scenario, target)
-    if mode == "off" or case.skip is not None:
+    if case.skip is not None:
         return result
+    if mode == "off":  # no re-run at all: the groups the case cannot see are recorded as not established
+        return establish(result, result.groups, result.moved, {}) if result is not None and establishable(result) \
+            else result
     decided = None
     if world.rank == 0:
         decided = {"blame": _blame_wanted(launch, mode, result), "honest": _honest_wanted(launch, case, result),
