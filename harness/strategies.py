@@ -48,7 +48,8 @@ from harness.cases.variant import DeclaredPlan, Variant
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, ParamSpec, Placement, Replicate, Shard, param, ravel
 from harness.cases.model_names import NAMES, real_name
-from harness.cases.constructive import constructive_norm, largest_gradient_norm, variant_truth
+from harness.cases.constructive import gradient_pow_sums, variant_truth
+from harness.clipmath import root
 from harness.cases.drawn import DrawnCase
 
 KINDS = ("dense", "experts", "shared_lora", "expert_module")
@@ -264,9 +265,8 @@ def _fp16_edge_scale(layout: Layout, injection: Injection, norm_type: float) -> 
     finite)."""
     if math.isinf(norm_type):
         return 1.0
-    unscaled = dataclasses.replace(injection, scale=1.0)
-    largest = largest_gradient_norm(layout, unscaled, norm_type)
-    total = constructive_norm(layout, unscaled, norm_type)
+    parts = gradient_pow_sums(layout, dataclasses.replace(injection, scale=1.0), norm_type)  # one pass for both
+    largest, total = root(max(parts, default=0.0), norm_type), root(sum(parts), norm_type)
     if not (math.isfinite(total) and largest > 0):
         return 1.0
     return min(DTYPE_MAX["fp16"] * PAST_THE_EDGE / total, DTYPE_MAX["fp16"] / EDGE_FITS / largest)

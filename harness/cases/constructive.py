@@ -12,19 +12,18 @@ from harness.cases.injection import Injection, logical_grad
 from harness.cases.layout import Layout
 
 
+def gradient_pow_sums(layout: Layout, injection: Injection, norm_type: float) -> list[float]:
+    """Each trainable logical gradient's float64 sum |g|^p (max |g| for the inf norm), from the generator
+    alone: what ``constructive_norm`` combines, and each gradient's own norm to the power p."""
+    return [pow_sum(logical_grad(layout, injection, spec), norm_type) for spec in layout.trainable]
+
+
 def constructive_norm(layout: Layout, injection: Injection, norm_type: float) -> float:
     """float64 norm of the logical gradients, from the generator alone: no communication."""
     total = 0.0
-    for spec in layout.trainable:
-        total = combine(total, pow_sum(logical_grad(layout, injection, spec), norm_type), norm_type)
+    for part in gradient_pow_sums(layout, injection, norm_type):
+        total = combine(total, part, norm_type)
     return root(total, norm_type)
-
-
-def largest_gradient_norm(layout: Layout, injection: Injection, norm_type: float) -> float:
-    """The largest p-norm of one logical gradient (0 where there are none): what a clip computing one norm per
-    tensor holds before it combines them (a local shard's is at most its logical gradient's)."""
-    return max((root(pow_sum(logical_grad(layout, injection, spec), norm_type), norm_type)
-                for spec in layout.trainable), default=0.0)
 
 
 def variant_truth(variant: Variant, norm_type: float) -> float:

@@ -35,6 +35,8 @@ def weakest_miscounts(stats: StatsTable, copies: Copies, norm_type: float, truth
     rank of two, or divided by two; left out and 1/k for larger k move it further). For the inf norm only
     leaving it out can move a max: by how far the max falls without it (0 where the group does not hold the
     max). A group with no gradient is left out: nothing to count."""
+    if not truth > 0 or not math.isfinite(truth):
+        return {}
     group_of = {name: group for group, names in groups.items() for name in names}
     held: dict[str, list[float]] = {group: [] for group in groups}
     for r, row in enumerate(first_holdings(copies)):
@@ -42,8 +44,6 @@ def weakest_miscounts(stats: StatsTable, copies: Copies, norm_type: float, truth
             group = group_of.get(stats.names[k])
             if group is not None and stats.pow_sum[r][k] > 0:
                 held[group].append(stats.pow_sum[r][k])
-    if not truth > 0 or not math.isfinite(truth):
-        return {}
     if math.isinf(norm_type):
         return {group: _max_moved(values, held, group, truth) for group, values in held.items() if values}
     total = truth ** norm_type
@@ -60,7 +60,7 @@ def counting_reach(case: CaseSpec, stats: StatsTable, pre: Replication, copies: 
     """A judged case's groups (``blame.counting_groups``) and how far each one's weakest miscount moves its norm
     (``weakest_miscounts``; none where the truth is not finite): what ``checks.evaluate`` keeps on the result."""
     groups = counting_groups(case, pre)
-    return groups, weakest_miscounts(stats, copies, case.norm_type, truth, groups) if math.isfinite(truth) else {}
+    return groups, weakest_miscounts(stats, copies, case.norm_type, truth, groups)
 
 
 def _max_moved(values: Sequence[float], held: Mapping[str, Sequence[float]], group: str, truth: float) -> float:
@@ -81,20 +81,28 @@ def establishable(result: CaseResult) -> bool:
             and math.isfinite(result.truth) and result.truth > 0)
 
 
+def hidden(move: float, rtol: float) -> bool:
+    """Whether a band of ``rtol`` can hide a miscount that moves the norm by ``move`` (``MARGIN`` bands)."""
+    return move <= MARGIN * rtol
+
+
 def unseen(moved: Mapping[str, float], rtol: float) -> list[str]:
-    """The groups whose weakest miscount the case's band can hide (``MARGIN`` bands): those to run alone."""
-    return [group for group, move in moved.items() if move <= MARGIN * rtol]
+    """The groups whose weakest miscount the case's band can hide (``hidden``): those to run alone."""
+    return [group for group, move in moved.items() if hidden(move, rtol)]
 
 
-def establish(result: CaseResult, groups: Mapping[str, Sequence[str]], moved: Mapping[str, float],
-              runs: Mapping[str, CaseResult | None], where: str = "") -> CaseResult:
-    """``result`` with ``counting`` (how each group was established, or why not) and, when a group's own run
-    shows it miscounted, a failing check ``counting`` in the blame's words for that group. ``runs``: the
-    groups run alone (their results, None where the run gave none); ``where``: on which earlier case they
-    ran, when reused."""
+def establish(result: CaseResult, runs: Mapping[str, CaseResult | None], where: str = "") -> CaseResult:
+    """``result`` with ``counting`` (how each of its groups was established, or why not) and, when a group's own
+    run shows it miscounted, a failing check ``counting`` in the blame's words for that group. ``runs``: the
+    groups run alone (their results, None where the run gave none; empty where none was run); ``where``: on
+    which earlier case they ran, when reused. A case on which counting is not established (``establishable``)
+    is returned as it is."""
+    if not establishable(result):
+        return result
+    moved = result.moved
     counting: dict[str, str] = {}
     wrong: list[GroupWeight] = []
-    for group, params in groups.items():
+    for group, params in result.groups.items():
         if group in runs:
             sub = runs[group]
             outcome = _own_run(group, params, sub, result)
@@ -103,7 +111,7 @@ def establish(result: CaseResult, groups: Mapping[str, Sequence[str]], moved: Ma
                 counting[group] = f"miscounted {IN_ITS_OWN_RUN}{where}"
             else:
                 counting[group] = outcome + where
-        elif group in moved and not unseen({group: moved[group]}, result.tolerance):
+        elif group in moved and not hidden(moved[group], result.tolerance):
             counting[group] = f"{BY_THE_CASE} (its weakest miscount moves the norm {moved[group]:.2g})"
         elif group in moved:
             counting[group] = (f"{NOT_ESTABLISHED}: its weakest miscount moves the norm {moved[group]:.2g}, inside the "
@@ -144,8 +152,14 @@ def _own_run(group: str, params: Sequence[str], sub: CaseResult | None, result: 
 
 
 def counting_line(countings: Iterable[Mapping[str, str]]) -> str | None:
-    """One line for a run: how many groups its cases established each way, and those not established (None
-    when no case established any: all unjudged, or of non-finite gradients)."""
+    """One line for a run: ``counting established per group: `` and its ``counting_summary``."""
+    summary = counting_summary(countings)
+    return None if summary is None else f"counting established per group: {summary}"
+
+
+def counting_summary(countings: Iterable[Mapping[str, str]]) -> str | None:
+    """How many groups the cases established each way, and those not established (None when no case
+    established any: all unjudged, or of non-finite gradients)."""
     by_case = own = 0
     missed: list[str] = []
     not_done: list[str] = []
@@ -161,7 +175,8 @@ def counting_line(countings: Iterable[Mapping[str, str]]) -> str | None:
         parts.append(f"miscounted {len(missed)} ({', '.join(sorted(set(missed))[:3])})")
     if not_done:
         parts.append(f"not established {len(not_done)} ({', '.join(sorted(set(not_done))[:3])})")
-    return "counting established per group: " + ", ".join(parts)
+    return ", ".join(parts)
 
 
-__all__ = ["MARGIN", "weakest_miscounts", "counting_reach", "establishable", "unseen", "establish", "counting_line"]
+__all__ = ["MARGIN", "weakest_miscounts", "counting_reach", "establishable", "unseen", "establish", "counting_line",
+           "counting_summary"]

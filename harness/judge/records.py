@@ -369,6 +369,7 @@ class CaseResult:
     blame: list[GroupWeight] = field(default_factory=list)
     """The weight the target gave each parameter group (``harness.run.case.blame_reruns``), when asked."""
     blame_note: str = ""
+    """Why the weights do not add up to the full case, when they do not."""
     blame_rank: int = 0
     """The rank whose reports the blame weighs."""
     tolerance: float = 0.0
@@ -382,7 +383,6 @@ class CaseResult:
     (``establishment.weakest_miscounts``): which groups the case itself establishes."""
     counting: dict[str, str] = field(default_factory=dict)
     """Per parameter group, how its counting was established (``harness.judge.establishment``)."""
-    """Why the weights do not add up to the full case, when they do not."""
 
     @property
     def ratio(self) -> float | None:

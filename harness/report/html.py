@@ -31,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, cast
 
-from harness.judge.establishment import counting_line
+from harness.judge.establishment import counting_summary
 from harness.judge.verdicts import count
 from harness.report.failures import replay_command
 from harness.report.numbers import format_number, format_ratio, parse_float, ratio_deviation
@@ -330,9 +330,9 @@ def _facts(rec: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("seed", "framework"):
         if rec.get(key) is not None:
             facts.append((key, text(rec[key])))
-    counting = counting_line([rec.get("counting") or {}])
+    counting = counting_summary([rec.get("counting") or {}])
     if counting is not None:  # how the case established each group's count (docs/reading-a-failure.md)
-        facts.append(("counting", counting.split(": ", 1)[1]))
+        facts.append(("counting", counting))
     return [(key, text(value, "")) for key, value in facts]
 
 

@@ -215,7 +215,7 @@ def run_audit(model: nn.Module, clip: Callable[[], Any], *, max_norm: float, nor
             return _ended(world, measured, "hang" if isinstance(exc, WorldBroken) else "crash",
                           exc.detail if isinstance(exc, WorldBroken) else str(exc))
         if result is not None and measured is not None and establishing:
-            establish(result, result.groups, result.moved, dict(zip(groups, subs)))
+            establish(result, dict(zip(groups, subs)))
         elif result is not None:
             weigh_groups(result, groups, [s for s in subs if s is not None])
         clock.lap("blame")
@@ -342,8 +342,7 @@ def _to_run(result: CaseResult, measured: _Case) -> tuple[dict[str, list[str]] |
 def _unseen_said(result: CaseResult) -> list[str]:
     """Rank 0, where no group was run alone: the groups the case itself establishes recorded, and the note on
     those it cannot."""
-    if establishable(result):
-        establish(result, result.groups, result.moved, {})
+    establish(result, {})
     return unseen_note(result)
 
 

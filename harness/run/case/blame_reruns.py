@@ -38,8 +38,7 @@ def run_case_with_blame(world: DistWorld, launch: LaunchState, case: CaseSpec, s
     if case.skip is not None:
         return result
     if mode == "off":  # no re-run at all: the groups the case cannot see are recorded as not established
-        return establish(result, result.groups, result.moved, {}) if result is not None and establishable(result) \
-            else result
+        return establish(result, {}) if result is not None else result
     decided = None
     if world.rank == 0:
         decided = {"blame": _blame_wanted(launch, mode, result), "honest": _honest_wanted(launch, case, result),
@@ -114,7 +113,7 @@ def _established(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario
         where = f" on case {index}"
     else:
         launch.established[key] = (case.index, runs)
-    return establish(result, result.groups, result.moved, runs, where)
+    return establish(result, runs, where)
 
 
 def _honest_wanted(launch: LaunchState, case: CaseSpec, result: CaseResult | None) -> bool:
