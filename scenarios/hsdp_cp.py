@@ -6,7 +6,8 @@ group holds the same, all-reduced gradient (context parallel splits the sequence
 parameters). A correct clip counts each replica once: summing over the whole data-parallel world
 over-counts by sqrt(dp_replicate) (VeOmni #184, PRs #185 and #862) and summing over ``cp`` by
 sqrt(cp). The layout with both replicated axes of size 1 is the plain-FSDP control; all of them hold
-the same logical gradients.
+the same logical gradients. A clip is handed DTensors on the ``(dp_replicate, dp_shard)`` mesh, as
+``fully_shard`` hands them (the norms ``Replicate`` on both: kept whole, as ``replicate`` keeps them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from harness.cases.layout import Layout, MeshSpec, Shard, param
 from harness.cases.scenario import Scenario, ScenarioOptions
 
 WIDTH, LAYERS = 16, 3
+FSDP_MESH = ((MeshAxis.DP_REPLICATE,), (MeshAxis.DP_SHARD,))
+"""The mesh every parameter's DTensor lives on, as ``fully_shard`` on an HSDP mesh builds it: context parallel
+splits the sequence, not the parameters, so ``cp`` is not one of its dims (its replicas hold the same DTensor)."""
 REPLICA_SIZES = (1, 2)  # dp_replicate and cp sizes tried, where they divide the world
 
 
@@ -49,7 +53,8 @@ class HsdpCp(Scenario):
                 layout = _layout(replicate, world_size // (replicate * cp), cp)
                 label = "fsdp control" if replicate == cp == 1 else "replicas"
                 out.append(Variant(label=f"{layout.mesh.describe()} {label}", layout=layout, injection=injection,
-                                   declared=declared_from_layout(layout), invariance_key="hsdp-cp"))
+                                   declared=declared_from_layout(layout), invariance_key="hsdp-cp", dtensor=True,
+                                   dtensor_axes={s.name: FSDP_MESH for s in layout.trainable}))
         return out
 
 

@@ -47,7 +47,8 @@ def test_json_is_one_document_with_kinds_mesh_and_parameters(capsys):
         "dense_dp", 4, ["fsdp"], {"dp": 4}, "fp32")
     weight = fsdp["parameters"][0]
     assert weight == {"name": "layers.0.weight", "grad": "DTensor", "shape": [32, 32], "local_shape": [8, 32],
-                      "ranks": None, "no_grad_on": [], "declared": {"dp": "Shard(0)"}, "true": {"dp": "Shard(0)"}}
+                      "ranks": None, "no_grad_on": [], "declared": {"dp": "Shard(0)"}, "true": {"dp": "Shard(0)"},
+                      "dtensor_mesh": []}
     lying = by_label(document, "ep=2 ep_fsdp=2 plan=minimax_m3 hybrid_shared=True")
     assert lying["kinds"] == ["fsdp", "ep"] and lying["dressed_by"] == ["xorl"]
     lora_b = next(p for p in lying["parameters"] if p["name"].endswith("gate_proj_lora_B"))
@@ -64,6 +65,26 @@ def test_a_variant_that_keeps_some_parameters_plain_hands_both_kinds():
                    if v.label == "dp=2 dtensor weights, plain replicated biases")
     kinds = {p.name: p.grad for p in handed(variant)}
     assert kinds["layers.0.weight"] == "DTensor" and kinds["layers.0.bias"] == "plain"
+
+
+def test_fsdp2_layouts_hand_a_clip_what_fully_shard_hands_it(capsys):
+    """FSDP2 and HSDP layouts (the harness's own and accelerate's) hand a clip without a setup of its own the
+    DTensors ``fully_shard`` makes, each on its own mesh where that is not the layout's whole mesh; TP leaves
+    plain what accelerate's TP plan leaves plain."""
+    document = layouts_json(capsys, "--scenario", "fsdp2_meshes,hsdp_cp,accelerate_fsdp2", "--nproc", "4")
+    for label in ("dp=4 fsdp", "dp_replicate=2 dp_shard=2 hsdp", "dp_replicate=2 dp_shard=2 cp=1 replicas",
+                  "dp_shard=4 fsdp2", "dp_shard=2 tp=2 fsdp2+tp"):
+        found = [layout for layout in document["layouts"] if layout["label"] == label]
+        assert found and all(p["grad"] == "DTensor" for layout in found for p in layout["parameters"]), label
+    mixed = {p["name"]: p["dtensor_mesh"] for p in by_label(document, "ep=2 ep_fsdp=2 mixed meshes")["parameters"]}
+    assert mixed == {"layers.0.weight": ["ep_ep_fsdp"], "layers.0.bias": ["ep_ep_fsdp"], "moe.experts.w1": ["ep_fsdp"]}
+    cp = by_label(document, "dp_replicate=1 dp_shard=2 cp=2 replicas")["parameters"]
+    assert all(p["dtensor_mesh"] == ["dp_replicate", "dp_shard"] for p in cp)  # cp replicas hold the same DTensor
+    fsdp_tp = {p["name"]: p["dtensor_mesh"] for p in by_label(document, "dp_shard=2 tp=2 fsdp2+tp")["parameters"]}
+    assert fsdp_tp["norm.weight"] == ["dp_shard"] and fsdp_tp["layers.0.mlp.down_proj.weight"] == []
+    mixed_tp = {p["name"]: p["grad"] for p in by_label(document, "tp=4 tp mixed plain/DTensor")["parameters"]}
+    assert mixed_tp["norm.weight"] == "plain" and mixed_tp["layers.0.self_attn.q_proj.weight"] == "DTensor"
+    assert all(p["grad"] == "plain" for p in by_label(document, "tp=4 tp all plain")["parameters"])
 
 
 def test_the_selection_flags_apply(capsys):

@@ -10,8 +10,9 @@ variant's parameters are DTensors placed as declared, in mesh-axis order, less t
 ``plain``; every parameter of any other variant is a plain tensor holding this rank's slice; a frozen
 parameter has no gradient. Two things can hand a clip something else, and the command names them
 where they apply: a scenario that overrides ``build_model``, and a target's ``dress`` (a framework's
-adapter sets the model up its framework's way first: FSDP2's ``fully_shard`` makes every parameter a
-DTensor). A clip of your own, given as ``module:function``, has no ``dress``.
+adapter sets the model up its framework's way first, from the plain model where the variant's DTensors are
+that setup's own: ``Variant.dress_from_plain``). A clip of your own, given as ``module:function``, has no
+``dress``: it is handed the DTensors listed here.
 """
 
 from __future__ import annotations
@@ -46,12 +47,15 @@ class HandedParam:
     """Mesh axis -> the declared placement, every axis of the mesh in order."""
     true: dict[str, str]
     """Mesh axis -> the true placement; differs from ``declared`` only where the plan lies."""
+    dtensor_mesh: tuple[str, ...] = ()
+    """A DTensor's mesh dims as torch names them, where it is not the whole case mesh (``Variant.dtensor_axes``:
+    FSDP's flattened mesh ``ep_ep_fsdp``, the experts' ``ep_fsdp``); empty otherwise."""
 
     def record(self) -> dict[str, Any]:
         """As JSON (``clipcheck layouts --json``)."""
         return {"name": self.name, "grad": self.grad, "shape": list(self.shape), "local_shape": list(self.local_shape),
                 "ranks": None if self.ranks is None else list(self.ranks), "no_grad_on": list(self.no_grad_on),
-                "declared": self.declared, "true": self.true}
+                "declared": self.declared, "true": self.true, "dtensor_mesh": list(self.dtensor_mesh)}
 
 
 def handed(variant: Variant) -> list[HandedParam]:
@@ -70,5 +74,7 @@ def handed(variant: Variant) -> list[HandedParam]:
             no_grad_on=tuple(r for r in holders if spec.trainable
                              and variant.injection.grad_is_none(layout, spec, r)),
             declared={axis: str(declared.get(axis, Replicate())) for axis in axes},
-            true={axis: str(spec.placement(axis)) for axis in axes}))
+            true={axis: str(spec.placement(axis)) for axis in axes},
+            dtensor_mesh=tuple("_".join(dim) for dim in variant.dtensor_axes.get(spec.name, ())) if kind == DTENSOR
+            else ()))
     return out

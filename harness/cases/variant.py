@@ -103,6 +103,10 @@ class Variant:
     (``--synthetic``), with the gradients injected after the framework's setup, and its FAILs are
     never called findings.
 
+    ``dress_from_plain``: the DTensors of this variant are what its framework's own setup makes of a plain model
+    (``fully_shard``, accelerate's ``prepare``): a target with a ``dress`` (that setup) is built the plain model
+    its trainer starts from (``as_built_for``), a clip without one the DTensors.
+
     ``truths``: the constructive norm by norm type, filled by ``constructive.variant_truth`` as it is
     first asked for; not an argument (``dataclasses.replace`` starts a changed variant empty), not
     compared, and pickled with the variant, so the ranks of a warm world get what the fuzzer's
@@ -120,7 +124,15 @@ class Variant:
     ep_size: int | None = None
     info: Any = None
     synthetic: str | None = None
+    dress_from_plain: bool = False
     truths: dict[float, float] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def as_built_for(self, dressed: bool) -> "Variant":
+        """The variant whose model a target is built: this one, or for a target with a ``dress`` of a variant
+        whose DTensors that setup makes (``dress_from_plain``), the same one with every parameter plain."""
+        if not (dressed and self.dress_from_plain):
+            return self
+        return dataclasses.replace(self, dtensor=False, plain=frozenset(), dtensor_axes={}, dress_from_plain=False)
 
     def info_as(self, kind: type[Info]) -> Info:
         """This variant's ``info``, checked to be the adapter's expected type (a clear error when a

@@ -105,7 +105,8 @@ def _placements(param: HandedParam) -> str:
 def text_lines(shown: Sequence[Shown]) -> list[str]:
     """The table: a heading per scenario and world, a line per layout, a line per parameter."""
     lines = ["per parameter: its gradient (DTensor, plain, or none: frozen), local shape of the logical shape, the "
-             "ranks holding it, its declared placement on each mesh axis (the true one where the plan lies)"]
+             "ranks holding it, its declared placement on each mesh axis (the true one where the plan lies), and a "
+             "DTensor's own mesh where it is not the layout's whole mesh"]
     heading = None
     for layout in shown:
         if (layout.scenario, layout.world_size) != heading:
@@ -124,8 +125,9 @@ def text_lines(shown: Sequence[Shown]) -> list[str]:
         for p in layout.params:
             ranks = "all ranks" if p.ranks is None else f"ranks {','.join(map(str, p.ranks))}"
             none = f"  no grad on ranks {','.join(map(str, p.no_grad_on))}" if p.no_grad_on else ""
+            on = f"  (DTensor mesh: {', '.join(p.dtensor_mesh)})" if p.dtensor_mesh else ""
             lines.append(one_line(f"    {p.name:<{width}}  {p.grad:<7}  local {str(p.local_shape):<12} of "
-                                  f"{str(p.shape):<12}  {ranks:<10}  {_placements(p)}{none}"))
+                                  f"{str(p.shape):<12}  {ranks:<10}  {_placements(p)}{on}{none}"))
     return lines
 
 

@@ -42,6 +42,9 @@ group norms are combined. One group only: stock ``torch.nn.utils.clip_grad_norm_
 * ``... nan``: one NaN on the last rank only (its FSDP shard; a row-parallel DTensor; its plain experts),
   to see whether every rank learns of it.
 
+A clip of the user's is handed what accelerate's prepared model holds (``handed``): DTensors where FSDP2 or a
+DTensor TP style made them, plain tensors elsewhere.
+
 ``Variant.info`` (an ``AccelerateSetup``) gives the parallelism sizes, whether FSDP2 wraps the model,
 and each tensor-parallel parameter's style.
 """
@@ -98,6 +101,24 @@ def _tp_placement(style: str | None) -> Placement:
     return Replicate()
 
 
+DTENSOR_STYLES = (COLWISE, ROWWISE, REPLICATE)
+
+
+def handed(setup: AccelerateSetup, layout: Layout) -> dict[str, Any]:
+    """What accelerate's prepared model hands a clip, as ``Variant`` arguments: under FSDP2 every parameter a
+    DTensor (``fully_shard``), on the whole mesh where it is also TP-sharded, on the FSDP axes alone where it
+    is not; without FSDP a DTensor on the tp mesh where its TP style makes one, a plain tensor elsewhere."""
+    names = [s.name for s in layout.trainable]
+    tp_sharded = {n for n in names if setup.tp_styles.get(n) in DTENSOR_STYLES}
+    if setup.fsdp:
+        fsdp_dims = tuple((a,) for a in layout.mesh.names if a != MeshAxis.TP)
+        sub = {n: fsdp_dims for n in names if n not in tp_sharded} if layout.mesh.has(MeshAxis.TP) else {}
+        return {"dtensor": True, "dtensor_axes": sub, "dress_from_plain": True}
+    if not tp_sharded:
+        return {}
+    return {"dtensor": True, "plain": frozenset(n for n in names if n not in tp_sharded), "dress_from_plain": True}
+
+
 class AccelerateParallelism(Scenario):
     name = "accelerate_fsdp2"
     summary = "accelerate ParallelismConfig layouts: FSDP2, HSDP, FSDP2+TP, TP with plain and DTensor parameters"
@@ -126,7 +147,8 @@ class AccelerateParallelism(Scenario):
             injected = injection if nan_at is None else Injection(seed=options.seed, dtype=options.dtype,
                                                                   nonfinite=((*nan_at, "nan"),))
             out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=injected,
-                               declared=declared_from_layout(layout), invariance_key=key, info=setup))
+                               declared=declared_from_layout(layout), invariance_key=key, info=setup,
+                               **handed(setup, layout)))
 
         n = world_size
         rowwise_only = {O_PROJ: ROWWISE, DOWN_PROJ: ROWWISE, Q_PROJ: ROWWISE}

@@ -11,6 +11,9 @@
   cannot combine DTensors from two meshes and raises; the harness reports that error as the case's
   outcome (torch issue #180346).
 
+A clip of the user's is handed what ``fully_shard`` hands it: every gradient a DTensor on its unit's mesh
+(``unit_meshes``), with FSDP's placements.
+
 ``Variant.info`` (an ``FsdpWrapping``) says how the model is wrapped: its units, inner first, each a
 module path, the mesh it shards over and the tensor dim it shards.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.cases.axes import MeshAxis
-from harness.cases.variant import Variant, declared_from_layout
+from harness.cases.variant import DTensorAxes, Variant, declared_from_layout
 from harness.cases.injection import Injection
 from harness.cases.layout import Layout, MeshSpec, Replicate, Shard, param
 from harness.cases.scenario import Scenario, ScenarioOptions
@@ -48,6 +51,21 @@ class FsdpWrapping:
     units: tuple[FsdpUnit, ...]  # inner units first, as a training script wraps them
 
 
+def unit_meshes(layout: Layout, units: tuple[FsdpUnit, ...]) -> DTensorAxes:
+    """Each parameter's DTensor mesh as ``fully_shard`` builds it, as the case mesh's axes it spans: a unit on
+    ``WORLD`` is one flattened dim of every axis, one on an axis that axis alone; on ``CASE`` the whole mesh
+    (left unnamed). A parameter belongs to the innermost unit whose path contains it."""
+    axes = layout.mesh.names
+    out: dict[str, tuple[tuple[str, ...], ...]] = {}
+    for spec in layout.trainable:
+        unit = next(u for u in units if not u.path or spec.name.startswith(u.path + "."))
+        if unit.mesh == WORLD and len(axes) > 1:
+            out[spec.name] = (tuple(axes),)
+        elif unit.mesh not in (WORLD, CASE):
+            out[spec.name] = ((unit.mesh,),)
+    return out
+
+
 class FSDP2Meshes(Scenario):
     name = "fsdp2_meshes"
     summary = "torch FSDP2 (fully_shard) on one mesh, on an HSDP mesh, and on mixed dense/expert meshes"
@@ -63,7 +81,8 @@ class FSDP2Meshes(Scenario):
                 values: Injection = injection) -> None:
             out.append(Variant(label=f"{layout.describe()} {label}", layout=layout, injection=values,
                                declared=declared_from_layout(layout), invariance_key=key,
-                               info=FsdpWrapping(units)))
+                               info=FsdpWrapping(units), dtensor=True, dtensor_axes=unit_meshes(layout, units),
+                               dress_from_plain=True))
 
         flat = MeshSpec.of(dp=world_size)
         fsdp = Layout(flat, (

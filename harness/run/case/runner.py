@@ -89,8 +89,9 @@ def run_case(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Sc
     with phase_watch(world, "build"):
         world.before_case((case.scenario, variant.label, layout.mesh))
         groups = world.mesh(layout.mesh)
-        model = scenario.build_model(variant, world.rank, world.device, groups.device_mesh)
-        if variant.dtensor_axes:  # a flattened sub-mesh brings groups of its own: stuck, they fail within the case's bound
+        built = variant.as_built_for(target.dress is not None)
+        model = scenario.build_model(built, world.rank, world.device, groups.device_mesh)
+        if built.dtensor_axes:  # a flattened sub-mesh brings groups of its own: stuck, they fail within the case's bound
             world.give_case_timeout(*{p.device_mesh for p in model.parameters() if isinstance(p, DTensor)})
         ctx = CaseContext(case, world.rank, world.world_size, world.device, groups.device_mesh, groups.target_groups,
                           world)
