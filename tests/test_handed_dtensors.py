@@ -22,7 +22,7 @@ def torch_own_clip(model, *, max_norm, norm_type=2.0):
 @pytest.mark.distributed
 def test_torch_own_clip_passes_every_fsdp2_and_hsdp_layout(world4):
     report = check(SELF, scenarios=["fsdp2_meshes", "hsdp_cp", "accelerate_fsdp2"], worlds=[WORLD],
-                   pools={WORLD: world4}, dtypes=["fp32", "bf16"], norm_types=[2, 1], clip_ratios=[0.5],
+                   pools={WORLD: world4}, dtypes=["fp32", "bf16"], norm_types=[2], clip_ratios=[0.5],
                    parallelism=["fsdp", "hsdp", "cp"], exclude="nan")
     judged = [c for c in report.cases if c["verdict"] != "SKIP"]
     labels = {c["layout"] for c in judged}
