@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.cases.layout import Replicate
-from harness.cases.variant import Variant
+from harness.cases.variant import Variant, mesh_dim_name
 
 DTENSOR = "DTensor"
 PLAIN = "plain"
@@ -75,6 +75,6 @@ def handed(variant: Variant) -> list[HandedParam]:
                              and variant.injection.grad_is_none(layout, spec, r)),
             declared={axis: str(declared.get(axis, Replicate())) for axis in axes},
             true={axis: str(spec.placement(axis)) for axis in axes},
-            dtensor_mesh=tuple("_".join(dim) for dim in variant.dtensor_axes.get(spec.name, ())) if kind == DTENSOR
+            dtensor_mesh=tuple(map(mesh_dim_name, variant.dtensor_axes.get(spec.name, ()))) if kind == DTENSOR
             else ()))
     return out

@@ -23,7 +23,7 @@ from torch.distributed.tensor import Shard as TorchShard
 from harness.clipmath import local_tensor
 from harness.cases.injection import Injection, local_grad
 from harness.cases.layout import Layout, MeshSpec, Placement, Shard
-from harness.cases.variant import DTensorAxes, whole_mesh_dims
+from harness.cases.variant import DTensorAxes, mesh_dim_name, whole_mesh_dims
 
 
 def torch_placements(placements: Mapping[str, Placement], mesh: MeshSpec) -> tuple:
@@ -46,7 +46,7 @@ def dtensor_mesh(mesh: DeviceMesh, dims: tuple[tuple[str, ...], ...]) -> DeviceM
     as a training script slices it, one dim of several axes flattened (torch keeps one flattened mesh
     per name, so every parameter on it shares it, as in the job)."""
     if len(dims) == 1 and len(dims[0]) > 1:
-        return mesh[dims[0]]._flatten("_".join(dims[0]))
+        return mesh[dims[0]]._flatten(mesh_dim_name(dims[0]))
     names = tuple(dim[0] for dim in dims)
     return mesh if names == mesh.mesh_dim_names else mesh[names]
 

@@ -50,6 +50,12 @@ def sub_mesh_problem(names: tuple[str, ...], dims: tuple[tuple[str, ...], ...]) 
     return None
 
 
+def mesh_dim_name(dim: tuple[str, ...]) -> str:
+    """The name torch gives a sub-mesh dim spanning ``dim`` (``sub_mesh_problem``'s rules): the axis itself, or
+    for axes flattened into one dim their names joined, as ``DeviceMesh._flatten`` is asked to name it."""
+    return "_".join(dim)
+
+
 def declared_from_layout(layout: Layout) -> dict[str, dict[str, Placement]]:
     """A plan that tells the truth: the layout's own placements, every mesh axis spelled out."""
     return {spec.name: {axis: spec.placement(axis) for axis in layout.mesh.names} for spec in layout}

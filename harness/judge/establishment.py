@@ -91,6 +91,14 @@ def unseen(moved: Mapping[str, float], rtol: float) -> list[str]:
     return [group for group, move in moved.items() if hidden(move, rtol)]
 
 
+def to_run_alone(result: CaseResult) -> dict[str, list[str]] | None:
+    """The groups of a case to run alone (``unseen``), with their parameters; None where counting is not
+    established on the case (``establishable``)."""
+    if not establishable(result):
+        return None
+    return {group: result.groups[group] for group in unseen(result.moved, result.tolerance)}
+
+
 def establish(result: CaseResult, runs: Mapping[str, CaseResult | None], where: str = "") -> CaseResult:
     """``result`` with ``counting`` (how each of its groups was established, or why not) and, when a group's own
     run shows it miscounted, a failing check ``counting`` in the blame's words for that group. ``runs``: the
@@ -178,5 +186,5 @@ def counting_summary(countings: Iterable[Mapping[str, str]]) -> str | None:
     return ", ".join(parts)
 
 
-__all__ = ["MARGIN", "weakest_miscounts", "counting_reach", "establishable", "unseen", "establish", "counting_line",
+__all__ = ["MARGIN", "weakest_miscounts", "counting_reach", "establishable", "unseen", "to_run_alone", "establish", "counting_line",
            "counting_summary"]

@@ -106,17 +106,17 @@ DTENSOR_STYLES = (COLWISE, ROWWISE, REPLICATE)
 
 def handed(setup: AccelerateSetup, layout: Layout) -> dict[str, Any]:
     """What accelerate's prepared model hands a clip, as ``Variant`` arguments: under FSDP2 every parameter a
-    DTensor (``fully_shard``), on the whole mesh where it is also TP-sharded, on the FSDP axes alone where it
-    is not; without FSDP a DTensor on the tp mesh where its TP style makes one, a plain tensor elsewhere."""
+    DTensor (``fully_shard``), on the whole mesh where a TP style made it a DTensor too, on the FSDP axes alone
+    where none did; without FSDP a DTensor on the tp mesh where its TP style makes one, a plain tensor elsewhere."""
     names = [s.name for s in layout.trainable]
-    tp_sharded = {n for n in names if setup.tp_styles.get(n) in DTENSOR_STYLES}
+    tp_dtensors = {n for n in names if setup.tp_styles.get(n) in DTENSOR_STYLES}
     if setup.fsdp:
         fsdp_dims = tuple((a,) for a in layout.mesh.names if a != MeshAxis.TP)
-        sub = {n: fsdp_dims for n in names if n not in tp_sharded} if layout.mesh.has(MeshAxis.TP) else {}
+        sub = {n: fsdp_dims for n in names if n not in tp_dtensors} if layout.mesh.has(MeshAxis.TP) else {}
         return {"dtensor": True, "dtensor_axes": sub, "dress_from_plain": True}
-    if not tp_sharded:
+    if not tp_dtensors:
         return {}
-    return {"dtensor": True, "plain": frozenset(n for n in names if n not in tp_sharded), "dress_from_plain": True}
+    return {"dtensor": True, "plain": frozenset(n for n in names if n not in tp_dtensors), "dress_from_plain": True}
 
 
 class AccelerateParallelism(Scenario):

@@ -53,7 +53,7 @@ from harness.cases.measured import (SCENARIO, Holding, candidates, class_tokens,
 from harness.cases.variant import CaseSpec
 from harness.clipmath import EPS, local_tensor
 from harness.judge.blame import blame_reason, group_only, group_tables, parameter_groups
-from harness.judge.establishment import counting_line, establish, establishable, unseen
+from harness.judge.establishment import counting_line, establish, to_run_alone
 from harness.judge.checks import evaluate, unjudged_result
 from harness.judge.one_group import one_group_signature
 from harness.judge.records import CaseResult, RankRecord, Replication, StatsTable
@@ -334,9 +334,8 @@ def _to_run(result: CaseResult, measured: _Case) -> tuple[dict[str, list[str]] |
         present = {n: frozenset(r for r in range(len(result.reported)) if measured.stats.present(r, j))
                    for j, n in enumerate(measured.names)}
         return parameter_groups(measured.names, present), False
-    if establishable(result):
-        return {group: result.groups[group] for group in unseen(result.moved, result.tolerance)}, True
-    return None, False
+    alone = to_run_alone(result)
+    return alone, alone is not None
 
 
 def _unseen_said(result: CaseResult) -> list[str]:
@@ -349,7 +348,7 @@ def _unseen_said(result: CaseResult) -> list[str]:
 def unseen_note(result: CaseResult) -> list[str]:
     """Without a copy (``restore=False``, or blame off): the groups whose miscount this audit's band can hide,
     said, and how to establish them."""
-    hidden = unseen(result.moved, result.tolerance) if establishable(result) else []
+    hidden = list(to_run_alone(result) or ())
     if not hidden:
         return []
     shown = ", ".join(hidden[:4]) + (f" and {len(hidden) - 4} more" if len(hidden) > 4 else "")

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 from harness.judge.blame import (additivity_note, blame_key, blame_reason, blamed_rank, case_groups, group_only,
                                  reuse_blame, weigh)
-from harness.judge.establishment import establish, establishable, unseen
+from harness.judge.establishment import establish, to_run_alone
 from harness.judge.signatures import lying_plan_line
 from harness.judge.records import CaseResult
 from harness.judge.checks import surviving_signature
@@ -86,14 +86,15 @@ def weigh_groups(result: CaseResult, groups: Mapping[str, Sequence[str]], subs: 
 
 
 def _to_establish(launch: LaunchState, result: CaseResult | None) -> dict[str, list[str]] | None:
-    """Rank 0: the groups of this case to run alone, with their parameters (``establishment.unseen``), {} where
+    """Rank 0: the groups of this case to run alone, with their parameters (``establishment.to_run_alone``), {} where
     the case itself establishes every one, None where counting is not established here: the norm is wrong
     (the blame weighs every group), not judged, or of non-finite or zero gradients."""
-    if result is None or not establishable(result):
+    if result is None:
         return None
-    if blame_key(result.case) in launch.established:
+    alone = to_run_alone(result)
+    if alone is not None and blame_key(result.case) in launch.established:
         return {}  # run alone on an earlier case of the same layout, target, norm and dtype: reused
-    return {group: result.groups[group] for group in unseen(result.moved, result.tolerance)}
+    return alone
 
 
 def _established(world: DistWorld, launch: LaunchState, case: CaseSpec, scenario: Scenario, target: Target,
